@@ -1,0 +1,54 @@
+# frozen_string_literal: true
+
+module Memkit
+  class CLI
+    # memkit tree PID: the whole server (master and workers) and its true total.
+    class Tree < Command
+      SORTS = %w[pss uss rss].freeze
+
+      def call(argv)
+        parse(argv, "PID [--json] [--watch SECONDS] [--sort pss|uss|rss]") do |o|
+          json_option(o)
+          o.on("--watch SECONDS", Float, "redraw every SECONDS until Ctrl-C") { |s| options[:watch] = s }
+          o.on("--sort KEY", SORTS, "order workers by pss, uss or rss (default: tree order)") { |k| options[:sort] = k }
+        end
+        pid = pid_argument(argv)
+        raise UsageError, "--watch needs a positive number of seconds" if options[:watch]&.<=(0)
+        return report(pid) unless options[:watch]
+
+        loop do
+          out.print "\e[H\e[2J" if out.tty? && !options[:json]
+          report(pid)
+          out.flush
+          sleep options[:watch]
+        end
+      rescue Interrupt
+        0 # Ctrl-C is how --watch is meant to end
+      end
+
+      private
+
+      def report(pid)
+        tree = Memkit.tree(pid)
+        tree = tree.sort_by(options[:sort]) if options[:sort]
+        return print_json(tree.to_h) if options[:json]
+
+        out.puts render(tree)
+      end
+
+      def render(tree)
+        rows = tree.nodes.map do |n|
+          m = n.memory
+          [n.pid, n.ppid, "#{'  ' * n.depth}#{n.command[0, 48]}", human(m.rss), human(m.pss), human(m.uss),
+           human(m.shared), human(m.private_dirty), human(m.swap), format("%.1f%%", n.shared_pct)]
+        end
+        rows << ["total", "", "#{tree.nodes.size} processes", human(tree.total_rss), human(tree.total_pss),
+                 human(tree.total_uss), "", "", human(tree.total_swap), ""]
+        notes = ["rss summed over processes counts shared pages once per process; pss is the real total.",
+                 "shared% is each process's shared memory as a share of the root's rss."]
+        notes += tree.skipped.map { |pid, why| "skipped pid #{pid}: #{why}" }
+        [CLI.table(%w[pid ppid command rss pss uss shared private_dirty swap shared%], rows, left: [2]), *notes].join("\n")
+      end
+    end
+  end
+end

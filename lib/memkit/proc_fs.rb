@@ -1,0 +1,63 @@
+# frozen_string_literal: true
+
+require "etc"
+
+module Memkit
+  # Reads files under /proc and turns the kernel's errno values into
+  # Memkit errors that name the pid and the file.
+  module ProcFS
+    PAGE_SIZE = Etc.sysconf(Etc::SC_PAGESIZE)
+
+    module_function
+
+    # The pid as an Integer, or InvalidArgument. Accepts "123" from a CLI.
+    def pid!(pid)
+      return pid if pid.is_a?(Integer) && pid.positive?
+
+      Integer(pid, 10).tap { |n| raise ArgumentError unless n.positive? }
+    rescue ArgumentError, TypeError
+      raise InvalidArgument, "not a pid: #{pid.inspect}"
+    end
+
+    def read(pid, name, root: "/proc")
+      File.read("#{root}/#{pid}/#{name}")
+    rescue SystemCallError => e
+      raise translate(e, pid, name, root)
+    end
+
+    # Translate an errno raised while reading /proc/PID/NAME into a Memkit error.
+    def translate(error, pid, name, root = "/proc")
+      file = "#{root}/#{pid}/#{name}"
+      case error
+      when Errno::EACCES, Errno::EPERM
+        PermissionDenied.new("permission denied reading #{file} (pid #{pid} belongs to another user?)")
+      when Errno::ENOENT, Errno::ESRCH
+        if !File.exist?("#{root}/self/stat")
+          Unsupported.new("#{root} is not a Linux procfs: memkit reads /proc/PID files (Linux only)")
+        elsif File.exist?("#{root}/#{pid}")
+          Unsupported.new("#{file} does not exist on this kernel")
+        else
+          NoSuchProcess.new("no such process: pid #{pid}")
+        end
+      else
+        Error.new("cannot read #{file}: #{error.message}")
+      end
+    end
+
+    # Parses "Key:   123 kB" lines into {"Key" => bytes}. Repeated keys are
+    # summed, which turns a whole smaps file into its totals in one pass.
+    def kb_fields(text, into = {})
+      text.scan(/^(\w+):[ \t]+(\d+) kB$/) do |key, kb|
+        into[key] = into.fetch(key, 0) + kb.to_i * 1024
+      end
+      into
+    end
+
+    # All pids currently in /proc, as Integers.
+    def pids(root: "/proc")
+      Dir.children(root).filter_map { |name| name.to_i if name.match?(/\A\d+\z/) }
+    rescue SystemCallError => e
+      raise Unsupported, "cannot list #{root}: #{e.message}"
+    end
+  end
+end

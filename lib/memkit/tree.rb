@@ -1,0 +1,103 @@
+# frozen_string_literal: true
+
+module Memkit
+  # A process and all its descendants, each with its memory.
+  #
+  # total_pss is the real footprint of a forked server; total_rss is what
+  # tools that add up RSS report, counting shared pages once per worker.
+  class Tree
+    Node = Struct.new(:pid, :ppid, :depth, :command, :memory, :shared_pct, keyword_init: true) do
+      def to_h
+        { pid: pid, ppid: ppid, command: command, **memory.to_h, shared_pct: shared_pct&.round(1) }
+      end
+    end
+
+    attr_reader :root, :nodes, :skipped
+
+    def self.read(pid, root: "/proc")
+      pid = ProcFS.pid!(pid)
+      parents = parent_map(root)
+      raise NoSuchProcess, "no such process: pid #{pid}" unless parents.key?(pid)
+
+      nodes = []
+      skipped = {}
+      walk(pid, parents.group_by { |_, ppid| ppid }.transform_values { |pairs| pairs.map(&:first).sort }, 0) do |child, depth|
+        node = read_node(child, parents[child], depth, root)
+        nodes << node if node
+      rescue NoSuchProcess, PermissionDenied => e
+        # A worker that exits while we walk is simply no longer part of the tree;
+        # one we may not read is listed as skipped rather than failing the report.
+        raise if child == pid
+
+        skipped[child] = e.message if e.is_a?(PermissionDenied)
+      end
+      raise NoSuchProcess, "pid #{pid} exited while its tree was read" if nodes.empty? || nodes.first.pid != pid
+
+      new(nodes, skipped: skipped)
+    end
+
+    # The command line, or "[comm]" for kernel threads and zombies.
+    def self.command(pid, root: "/proc")
+      cmdline = File.binread("#{root}/#{pid}/cmdline").tr("\0", " ").strip
+      return cmdline.force_encoding(Encoding::UTF_8).scrub unless cmdline.empty?
+
+      "[#{File.read("#{root}/#{pid}/comm").strip}]"
+    rescue SystemCallError => e
+      raise ProcFS.translate(e, pid, "cmdline", root)
+    end
+
+    def initialize(nodes, skipped: {})
+      @nodes = nodes
+      @skipped = skipped
+      @root = nodes.first
+      root_rss = @root.memory.rss
+      nodes.each { |n| n.shared_pct = root_rss.zero? ? 0.0 : [100.0 * n.memory.shared / root_rss, 100.0].min }
+      freeze
+    end
+
+    def pid = root.pid
+    def total_pss = sum(:pss)
+    def total_uss = sum(:uss)
+    def total_rss = sum(:rss)
+    def total_swap = sum(:swap)
+
+    def sort_by(key)
+      rest = nodes.drop(1).sort_by { |n| -n.memory.public_send(key) }
+      Tree.new([root, *rest], skipped: skipped)
+    end
+
+    def to_h
+      { root: root.pid, processes: nodes.map(&:to_h),
+        total: { rss: total_rss, pss: total_pss, uss: total_uss, swap: total_swap } }
+    end
+
+    private
+
+    def sum(field) = nodes.sum { |n| n.memory.public_send(field) }
+
+    class << self
+      private
+
+      # pid => ppid for every process, from /proc/*/stat. The comm field may
+      # hold spaces and parentheses, so the ppid is found after the last ')'.
+      def parent_map(root)
+        ProcFS.pids(root: root).each_with_object({}) do |pid, map|
+          stat = File.read("#{root}/#{pid}/stat")
+          map[pid] = stat[(stat.rindex(")") + 2)..].split(" ", 3)[1].to_i
+        rescue SystemCallError, NoMethodError
+          next # exited since the listing, or unreadable: not ours to report
+        end
+      end
+
+      def walk(pid, children, depth, &block)
+        yield pid, depth
+        children.fetch(pid, []).each { |child| walk(child, children, depth + 1, &block) }
+      end
+
+      def read_node(pid, ppid, depth, root)
+        memory = Memory.read(pid, root: root)
+        Node.new(pid: pid, ppid: ppid, depth: depth, command: command(pid, root: root), memory: memory)
+      end
+    end
+  end
+end
