@@ -38,16 +38,16 @@ module Memkit
       server&.close
     end
 
-    # Forks `count` children that write `write_bytes` of `heap` and then wait
-    # to be killed; yields their pids, and always reaps them.
-    def with_children(count, &block)
+    # Forks `count` children that run the optional `child` proc, then sleep
+    # until killed; yields their pids and always reaps them.
+    def with_children(count, child: nil, &block)
       readers = []
       pids = count.times.map do |i|
         r, w = IO.pipe
         readers << r
         pid = fork do
           r.close
-          yield_child = block.arity > 1 ? nil : nil
+          child&.call(i)
           w.write("ready")
           w.close
           sleep
