@@ -11,7 +11,22 @@ require_relative "memkit/mappings"
 
 # memkit: make forking Ruby servers share more memory, and show where it goes.
 module Memkit
+  # Loaded on first use, so `require "memkit"` stays cheap for a server that
+  # only wants Memkit.rss.
+  autoload :Warmup, File.expand_path("memkit/warmup", __dir__)
+  autoload :OobGC, File.expand_path("memkit/oob_gc", __dir__)
+  autoload :MemoryLimit, File.expand_path("memkit/memory_limit", __dir__)
+  autoload :Metrics, File.expand_path("memkit/metrics", __dir__)
+  autoload :Soak, File.expand_path("memkit/soak", __dir__)
+  autoload :FiberPool, File.expand_path("memkit/fiber_pool", __dir__)
+  autoload :Doctor, File.expand_path("memkit/doctor", __dir__)
+
   module_function
+
+  # Prepares the heap so that forked children keep sharing it; see Memkit::Warmup.
+  def warmup(**options)
+    Warmup.run(**options)
+  end
 
   # Resident set size in bytes, from /proc/PID/statm: a few microseconds,
   # cheap enough for every request. Counts shared pages in full.
