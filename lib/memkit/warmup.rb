@@ -1,0 +1,215 @@
+# frozen_string_literal: true
+
+module Memkit
+  # Prepares the Ruby heap so that children forked afterwards keep sharing
+  # it with the parent. Memkit.warmup(**options) calls Warmup.run.
+  #
+  # Why a forked child writes to pages it never changed, and the step below
+  # that answers each (docs/FORK.md has the measurements):
+  # - promote: up to Ruby 3.2 an object's GC age lives in its header; each GC
+  #   that marks a young object bumps it, dirtying its page in the child.
+  #   A few GCs in the parent age every survivor to "old" once, before fork.
+  # - coderange: a String caches "is it 7-bit / valid" in its header the
+  #   first time anything asks; asking every string once here moves those
+  #   writes before fork (Process.warmup does the same on 3.3).
+  # - compact: the child allocates into free slots of partly filled pages,
+  #   copying each such page; GC.compact packs survivors into fewer pages.
+  # - trim: glibc keeps freed chunks inside pages the child shares and hands
+  #   them out again; malloc_trim(0) returns whole free pages to the kernel.
+  #
+  # Where Process.warmup exists (Ruby 3.3+) it does promote, compact, free
+  # empty pages, coderange and malloc_trim in C; memkit calls it instead.
+  #
+  # Adaptive: the heap counters at the end of a run are remembered, and the
+  # next run returns at once (report.skipped) while fewer than `threshold`
+  # objects were allocated since. So a server hook and the memkit/fork hook
+  # can both call it before the same fork without doing the work twice.
+  module Warmup
+    DEFAULTS = { force: false, threshold: 10_000, max_gcs: 8, promote: true, coderange: true,
+                 compact: :auto, trim: true, process_warmup: :auto }.freeze
+
+    # What a run did. Durations in seconds, sizes in bytes.
+    Report = Struct.new(:skipped, :reason, :duration, :steps, :gc_runs, :young_before, :young_after,
+                        :slots_freed, :pages_freed, :bytes_trimmed, :rss_before, :rss_after,
+                        keyword_init: true) do
+      def to_h = super.merge(steps: steps.dup)
+    end
+
+    @state = nil
+    @lock = Mutex.new
+
+    class << self
+      # Options (all keywords):
+      #   force:          true runs every step even if nothing changed (default false)
+      #   threshold:      allocations since the last run below which it is a no-op (10_000)
+      #   max_gcs:        most GCs spent promoting young objects (8)
+      #   promote, coderange, trim: true/false, each step on its own (all true)
+      #   compact:        true, false, or :auto = where GC.compact exists and
+      #                   Process.warmup does not (it compacts itself) (:auto)
+      #   process_warmup: true, false or :auto = use Process.warmup where it exists
+      def run(**options)
+        opts = validate(options)
+        return Report.new(skipped: true, reason: :locked, duration: 0.0, steps: [], gc_runs: 0) if @lock.owned?
+
+        @lock.synchronize { perform(opts) }
+      end
+
+      # Allocations since the last run, or nil when there was none in this
+      # heap. Used by memkit/fork to decide in microseconds.
+      def allocations_since_last
+        @state && GC.stat(:total_allocated_objects) - @state
+      end
+
+      # Forget the last run, so the next one does all the work.
+      def reset!
+        @state = nil
+      end
+
+      def young_objects
+        GC.stat(:heap_live_slots) - GC.stat(:old_objects)
+      end
+
+      def malloc_trim_available?
+        !malloc_trim_function.nil?
+      end
+
+      private
+
+      def validate(options)
+        unknown = options.keys - DEFAULTS.keys
+        raise InvalidArgument, "unknown warmup option#{'s' if unknown.size > 1}: #{unknown.join(', ')} (known: #{DEFAULTS.keys.join(', ')})" unless unknown.empty?
+
+        opts = DEFAULTS.merge(options)
+        %i[force promote coderange trim].each do |key|
+          raise InvalidArgument, "warmup #{key}: must be true or false, not #{opts[key].inspect}" unless [true, false].include?(opts[key])
+        end
+        %i[compact process_warmup].each do |key|
+          raise InvalidArgument, "warmup #{key}: must be true, false or :auto, not #{opts[key].inspect}" unless [true, false, :auto].include?(opts[key])
+        end
+        %i[threshold max_gcs].each do |key|
+          raise InvalidArgument, "warmup #{key}: must be an Integer >= 0, not #{opts[key].inspect}" unless opts[key].is_a?(Integer) && opts[key] >= 0
+        end
+        raise InvalidArgument, "warmup compact: true, but this Ruby has no GC.compact" if opts[:compact] == true && !GC.respond_to?(:compact)
+        raise InvalidArgument, "warmup process_warmup: true, but this Ruby has no Process.warmup" if opts[:process_warmup] == true && !Process.respond_to?(:warmup)
+
+        opts
+      end
+
+      def perform(opts)
+        since = allocations_since_last
+        if !opts[:force] && since && since < opts[:threshold]
+          return Report.new(skipped: true, reason: :unchanged, duration: 0.0, steps: [], gc_runs: 0,
+                            young_before: young_objects, young_after: young_objects,
+                            slots_freed: 0, pages_freed: 0, bytes_trimmed: 0)
+        end
+
+        started = clock
+        before = GC.stat
+        gc_before = GC.count
+        rss_before = rss
+        steps = []
+        bytes_trimmed = 0
+        # GC.start and GC.compact run even under GC.disable; the caller's
+        # choice to keep the GC off for its own allocations is left as it was.
+        if process_warmup?(opts)
+          Process.warmup
+          steps << :process_warmup
+        else
+          steps << :promote if opts[:promote] && promote(opts[:max_gcs])
+          steps << :coderange if opts[:coderange] && coderange
+          steps << :compact if compact?(opts) && compact
+          # A full GC after everything: no lazy sweep may be left for the
+          # child to finish, since sweeping writes freelists into pages.
+          GC.start(full_mark: true, immediate_sweep: true)
+        end
+        if opts[:trim] && !steps.include?(:process_warmup) && (trimmed = trim)
+          steps << :trim
+          bytes_trimmed = trimmed
+        end
+        after = GC.stat
+        @state = GC.stat(:total_allocated_objects)
+        Report.new(skipped: false, reason: opts[:force] ? :forced : (since ? :changed : :first),
+                   duration: clock - started, steps: steps, gc_runs: GC.count - gc_before,
+                   young_before: before[:heap_live_slots] - before[:old_objects],
+                   young_after: after[:heap_live_slots] - after[:old_objects],
+                   slots_freed: [before[:heap_live_slots] - after[:heap_live_slots], 0].max,
+                   pages_freed: [before[:heap_allocated_pages] - after[:heap_allocated_pages], 0].max,
+                   bytes_trimmed: bytes_trimmed, rss_before: rss_before, rss_after: rss)
+      end
+
+      def process_warmup?(opts)
+        opts[:process_warmup] == true || (opts[:process_warmup] == :auto && Process.respond_to?(:warmup))
+      end
+
+      def compact?(opts)
+        opts[:compact] == true || (opts[:compact] == :auto && GC.respond_to?(:compact))
+      end
+
+      # A major GC frees the boot garbage first (so it is not promoted), then
+      # minor GCs age the survivors until the old generation stops growing.
+      # Objects that are not write-barrier protected never become old, and
+      # are never aged either, so "stopped growing" is the end, not zero.
+      def promote(max_gcs)
+        return false if max_gcs.zero?
+
+        GC.start(full_mark: true, immediate_sweep: true)
+        old = GC.stat(:old_objects)
+        (max_gcs - 1).times do
+          GC.start(full_mark: false, immediate_sweep: true)
+          now = GC.stat(:old_objects)
+          break if now <= old
+
+          old = now
+        end
+        true
+      end
+
+      # String#ascii_only? computes the coderange and caches it in the header.
+      def coderange
+        ObjectSpace.each_object(String) do |s|
+          s.ascii_only?
+        rescue StandardError
+          next # a string of a dummy encoding, or one a C extension made odd
+        end
+        true
+      end
+
+      def compact
+        GC.compact
+        true
+      rescue NotImplementedError
+        false # GC.compact exists but the platform cannot move objects
+      end
+
+      # Bytes the process's RSS shrank by, or nil where there is no glibc
+      # malloc_trim (musl, macOS). With jemalloc preloaded it is harmless.
+      def trim
+        fn = malloc_trim_function or return nil
+        before = rss
+        fn.call(0)
+        before ? [before - rss.to_i, 0].max : 0
+      end
+
+      # nil where there is no /proc (memkit's readers are Linux only).
+      def rss
+        Memkit.rss
+      rescue Memkit::Error
+        nil
+      end
+
+      def malloc_trim_function
+        return @malloc_trim if defined?(@malloc_trim)
+
+        @malloc_trim =
+          begin
+            require "fiddle"
+            Fiddle::Function.new(Fiddle::Handle::DEFAULT["malloc_trim"], [Fiddle::TYPE_SIZE_T], Fiddle::TYPE_INT)
+          rescue LoadError, StandardError
+            nil
+          end
+      end
+
+      def clock = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    end
+  end
+end
