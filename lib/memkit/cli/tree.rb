@@ -33,17 +33,18 @@ module Memkit
         tree = tree.sort_by(options[:sort]) if options[:sort]
         return print_json(tree.to_h) if options[:json]
 
-        out.puts render(tree)
+        out.puts Tree.render(tree)
       end
 
-      def render(tree)
+      def self.render(tree)
+        human = Units.method(:human)
         rows = tree.nodes.map do |n|
           m = n.memory
-          [n.pid, n.ppid, "#{'  ' * n.depth}#{n.command[0, 48]}", human(m.rss), human(m.pss), human(m.uss),
-           human(m.shared), human(m.private_dirty), human(m.swap), format("%.1f%%", n.shared_pct)]
+          [n.pid, n.ppid, "#{'  ' * n.depth}#{n.command[0, 48]}", *[m.rss, m.pss, m.uss, m.shared, m.private_dirty, m.swap].map(&human),
+           format("%.1f%%", n.shared_pct)]
         end
-        rows << ["total", "", "#{tree.nodes.size} processes", human(tree.total_rss), human(tree.total_pss),
-                 human(tree.total_uss), "", "", human(tree.total_swap), ""]
+        rows << ["total", "", "#{tree.nodes.size} processes", human.(tree.total_rss), human.(tree.total_pss),
+                 human.(tree.total_uss), "", "", human.(tree.total_swap), ""]
         notes = ["rss summed over processes counts shared pages once per process; pss is the real total.",
                  "shared% is each process's shared memory as a share of the root's rss."]
         notes += tree.skipped.map { |pid, why| "skipped pid #{pid}: #{why}" }
