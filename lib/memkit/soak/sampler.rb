@@ -1,0 +1,94 @@
+# frozen_string_literal: true
+
+module Memkit
+  module Soak
+    # One memory sample: requests served so far, seconds since the start and
+    # the memory figures in bytes (nil where the mode cannot see them).
+    Sample = Struct.new(:requests, :seconds, :rss, :heap_live_slots, :heap_live_bytes, :malloc_bytes, :gc,
+                        keyword_init: true) do
+      def to_h = super.compact
+    end
+
+    # Reads this process's memory: rss from statm, the Ruby heap from
+    # GC.stat, and malloc'd bytes from MallocStats.
+    class SelfSampler
+      attr_reader :malloc_source
+
+      def initialize
+        @malloc = MallocStats.new
+        @malloc_source = @malloc.source
+        # Ruby 3.2+ has size pools with slots of 40..640 bytes; older Rubies
+        # have one slot size (RVALUE_SIZE, 40 bytes on 64-bit).
+        @pools = GC.respond_to?(:stat_heap)
+        @slot = GC::INTERNAL_CONSTANTS[:RVALUE_SIZE] || 40
+      end
+
+      def sample(requests, seconds, gc:)
+        Sample.new(requests: requests, seconds: seconds.round(3), rss: Memkit.rss, heap_live_slots: GC.stat(:heap_live_slots),
+                   heap_live_bytes: heap_live_bytes, malloc_bytes: @malloc.bytes, gc: gc)
+      end
+
+      def pid = Process.pid
+
+      private
+
+      def heap_live_bytes
+        return GC.stat(:heap_live_slots) * @slot unless @pools
+
+        GC.stat_heap.sum do |_, h|
+          (h.fetch(:total_allocated_objects, 0) - h.fetch(:total_freed_objects, 0)) * h.fetch(:slot_size, @slot)
+        end
+      end
+    end
+
+    # Reads a server's memory from outside: rss summed over the pid and all
+    # its descendants (workers come and go; the tree is re-read each time).
+    class TreeSampler
+      attr_reader :pid
+
+      def initialize(pid)
+        @pid = ProcFS.pid!(pid)
+        Memkit.rss(@pid) # fail now, naming the pid, if it is not there
+      end
+
+      def malloc_source = nil
+
+      def sample(requests, seconds, gc: false)
+        Sample.new(requests: requests, seconds: seconds.round(3), rss: tree_rss, gc: gc)
+      end
+
+      private
+
+      # statm per process, not smaps_rollup: a few microseconds each, so a
+      # sample does not stall a busy server's workers.
+      def tree_rss
+        pids = [@pid, *descendants]
+        pids.sum do |p|
+          Memkit.rss(p)
+        rescue NoSuchProcess
+          raise if p == @pid
+
+          0 # a worker that exited between listing and reading
+        end
+      end
+
+      def descendants
+        children = Hash.new { |h, k| h[k] = [] }
+        ProcFS.pids.each do |p|
+          stat = File.read("/proc/#{p}/stat")
+          children[stat[(stat.rindex(")") + 2)..].split(" ", 3)[1].to_i] << p
+        rescue SystemCallError, NoMethodError
+          next
+        end
+        out = []
+        queue = [@pid]
+        until queue.empty?
+          kids = children[queue.shift]
+          out.concat(kids)
+          queue.concat(kids)
+        end
+        out
+      end
+    end
+  end
+end

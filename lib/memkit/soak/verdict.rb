@@ -1,0 +1,58 @@
+# frozen_string_literal: true
+
+module Memkit
+  module Soak
+    # leak, plateau or inconclusive, with the reason in one sentence.
+    #
+    # A leak must show on three counts at once: the whole window's slope is
+    # above min_leak even at the low end of its interval, the last half of
+    # the window still grows (a cache that is still filling slows down; a
+    # leak does not), and the growth over the window is several times the
+    # scatter around the line (Sen's interval assumes independent errors,
+    # which step-shaped memory curves are not). A plateau needs the last
+    # half's whole interval below min_leak. Anything else is inconclusive
+    # and the reason says what to change.
+    Verdict = Struct.new(:verdict, :reason, :full, :tail, keyword_init: true) do
+      def self.judge(xs, ys, min_leak:)
+        if xs.size < Verdict::MIN_SAMPLES
+          return new(verdict: "inconclusive",
+                     reason: "only #{xs.size} samples after warm-up (need #{Verdict::MIN_SAMPLES}): raise --requests or lower --sample-every")
+        end
+
+        full = Fit.of(xs, ys)
+        half = xs.size / 2
+        tail = Fit.of(xs.drop(half), ys.drop(half))
+        span = xs.last - xs.first
+        growth = full.slope * span
+        noisy = growth < Verdict::NOISE_FACTOR * full.noise
+        b = ->(v) { "#{v.round} B/request" }
+        ci = ->(f) { "95% CI #{f.low.round}..#{f.high.round}" }
+        verdict, reason =
+          if full.low > min_leak && tail.low > min_leak && !noisy
+            ["leak", "grows #{b[full.slope]} (#{ci[full]}), +#{Units.human(growth.round)} over #{span} requests, " \
+                     "and still #{b[tail.slope]} in the last half"]
+          elsif tail.high < min_leak && full.low > min_leak
+            ["plateau", "grew #{b[full.slope]} early on but the last #{xs.last - xs[half]} requests are flat " \
+                        "(#{b[tail.slope]}, #{ci[tail]}, under --min-leak #{min_leak})"]
+          elsif tail.high < min_leak || (full.high < min_leak && tail.low <= min_leak)
+            ["plateau", "flat: #{b[full.slope]} (#{ci[full]}) is under --min-leak #{min_leak}"]
+          elsif full.low > min_leak && tail.low <= min_leak
+            ["inconclusive", "grows #{b[full.slope]} overall but the last half only #{b[tail.slope]} (#{ci[tail]}): " \
+                             "a cache still filling or a slow leak; run more requests"]
+          elsif noisy && full.low > min_leak
+            ["inconclusive", "growth of #{Units.human(growth.round)} is within #{Verdict::NOISE_FACTOR}x the noise " \
+                             "(#{Units.human(full.noise.round)}): run more requests"]
+          else
+            ["inconclusive", "#{b[full.slope]} (#{ci[full]}) straddles --min-leak #{min_leak}: " \
+                             "noise #{Units.human(full.noise.round)}; run more requests"]
+          end
+        new(verdict: verdict, reason: reason, full: full, tail: tail)
+      end
+    end
+
+    class Verdict
+      MIN_SAMPLES = 8
+      NOISE_FACTOR = 3
+    end
+  end
+end
