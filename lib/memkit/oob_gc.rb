@@ -1,0 +1,237 @@
+# frozen_string_literal: true
+
+require_relative "after_reply"
+
+module Memkit
+  # Rack middleware that runs garbage collection between requests, when the
+  # heap says the next request would otherwise pay for it.
+  #
+  #   use Memkit::OobGC
+  #
+  # After each response has been sent (rack.after_reply on Unicorn, Puma and
+  # Pitchfork; rack.response_finished on other Rack 3 servers; the body's
+  # close elsewhere) it compares what one request allocates with what the heap
+  # has left before Ruby would collect on its own:
+  #
+  # * free object slots (plus pages Ruby may still add without collecting),
+  #   per size pool where Ruby has them (3.2+), since any pool running dry
+  #   starts a GC;
+  # * malloc_increase_bytes against malloc_increase_bytes_limit;
+  # * old_objects against old_objects_limit, oldmalloc_increase_bytes against
+  #   its limit, and latest_gc_info(:need_major_by), which make the next GC a
+  #   major one.
+  #
+  # If the next request would cross one of them it runs that GC now: minor when
+  # a minor would be enough, major when Ruby would do a major anyway.
+  #
+  # It counts only when no request is in flight in this process, so GCs
+  # started by a Puma thread while another thread serves a request are not
+  # called out of band (and are not run: it waits for an idle moment).
+  class OobGC
+    # Process-wide counters: GC is process-wide, so are the figures about it.
+    Stats = Struct.new(:requests, :oob_minor, :oob_major, :inside_minor, :inside_major,
+                       :oob_seconds, keyword_init: true) do
+      def oob_total = oob_minor + oob_major
+      def inside_total = inside_minor + inside_major
+
+      # Share of all GC runs since the first request that happened outside requests.
+      def outside_ratio
+        total = oob_total + inside_total
+        total.zero? ? 1.0 : oob_total.fdiv(total)
+      end
+    end
+
+    @lock = Mutex.new
+    @stats = Stats.new(requests: 0, oob_minor: 0, oob_major: 0, inside_minor: 0, inside_major: 0, oob_seconds: 0.0)
+    @in_flight = 0
+    @mark = nil
+
+    class << self
+      # A frozen copy of this process's counters (see Stats).
+      def stats
+        @lock.synchronize { @stats.dup.freeze }
+      end
+
+      # Zeroes the counters, for a benchmark that wants to measure one phase.
+      def reset_stats
+        @lock.synchronize { @stats.members.each { |m| @stats[m] = m == :oob_seconds ? 0.0 : 0 } }
+      end
+
+      # A request starts. The GC counts are taken when the process goes from
+      # idle to busy, and again when it goes back: what happens in between ran
+      # inside requests.
+      def enter # :nodoc:
+        @lock.synchronize do
+          @mark = [GC.stat(:minor_gc_count), GC.stat(:major_gc_count)] if @in_flight.zero?
+          @in_flight += 1
+        end
+      end
+
+      # A request has been answered. Yields (under the lock, so no request can
+      # be counted as starting meanwhile) when the process has become idle.
+      def leave # :nodoc:
+        @lock.synchronize do
+          @in_flight -= 1
+          @stats.requests += 1
+          next unless @in_flight.zero?
+
+          if @mark
+            @stats.inside_minor += GC.stat(:minor_gc_count) - @mark[0]
+            @stats.inside_major += GC.stat(:major_gc_count) - @mark[1]
+          end
+          yield if block_given?
+        end
+      end
+
+      def record(major, seconds) # :nodoc:
+        major ? @stats.oob_major += 1 : @stats.oob_minor += 1
+        @stats.oob_seconds += seconds
+      end
+    end
+
+    # headroom: how many requests' worth of allocation must remain before the
+    #   next GC for this middleware to leave the heap alone (1.5 = the next
+    #   request and half as much again; higher collects earlier and more
+    #   often, lower risks a GC inside the request). The per-request figure is
+    #   already the largest recent request, decaying slowly.
+    # decay: how fast the remembered per-request allocation forgets a large
+    #   request (each request keeps this share of the previous estimate).
+    # enabled: false turns the middleware into a pass-through, e.g. per env.
+    def initialize(app, headroom: 1.5, decay: 0.95, enabled: true)
+      raise InvalidArgument, "Memkit::OobGC: headroom must be a number >= 1 (got #{headroom.inspect})" unless headroom.is_a?(Numeric) && headroom >= 1
+      raise InvalidArgument, "Memkit::OobGC: decay must be between 0 and 1 (got #{decay.inspect})" unless decay.is_a?(Numeric) && decay >= 0 && decay < 1
+
+      @app = app
+      @headroom = headroom.to_f
+      @decay = decay.to_f
+      @enabled = enabled
+      @per_heap = GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
+      @stat = {}
+      @rate = nil # per-request growth estimates, set after the first request
+      @before = nil
+    end
+
+    def call(env)
+      return @app.call(env) unless @enabled
+
+      self.class.enter
+      before = snapshot({})
+      begin
+        status, headers, body = @app.call(env)
+      rescue Exception # rubocop:disable Lint/RescueException -- the request is over whatever ended it
+        self.class.leave
+        raise
+      end
+      body = AfterReply.register(env, body) { finished(before) }
+      [status, headers, body]
+    end
+
+    private
+
+    # What a request changes: objects allocated (per size pool on 3.2+) and
+    # malloc'd bytes. Oldmalloc grows with malloc, so one rate serves both.
+    def snapshot(stat)
+      GC.stat(stat)
+      [stat[:count], allocated(stat), stat[:malloc_increase_bytes]]
+    end
+
+    def allocated(stat)
+      return [stat[:total_allocated_objects]] unless @per_heap
+
+      heaps.map { |i| GC.stat_heap(i, :total_allocated_objects) }
+    end
+
+    def heaps
+      @heaps ||= (0...GC::INTERNAL_CONSTANTS.fetch(:SIZE_POOL_COUNT) { GC.stat_heap.size }).to_a
+    end
+
+    def finished(before)
+      self.class.leave do
+        learn(before)
+        due = due?
+        run(due) if due
+      end
+    end
+
+    # A request during which a GC ran says nothing about malloc growth (the
+    # counter was reset), but its object allocation is still right.
+    def learn(before)
+      count, objects, malloc = snapshot(@stat)
+      fresh = objects.zip(before[1]).map { |now, was| now - was }
+      grown = count == before[0] ? [malloc - before[2], 0].max : nil
+      if @rate
+        @rate[0] = @rate[0].zip(fresh).map { |old, new| [new, old * @decay].max }
+        @rate[1] = [grown, @rate[1] * @decay].max if grown
+      else
+        @rate = [fresh, grown || 0]
+      end
+    end
+
+    # :major, :minor or nil: the GC the next request (with headroom) would start.
+    def due?
+      objects, malloc = @rate
+      malloc_next = malloc * @headroom
+      major = major_pending?(malloc_next)
+      minor = (slots_short?(objects) && !starved?) ||
+              @stat[:malloc_increase_bytes] + malloc_next > @stat[:malloc_increase_bytes_limit]
+      if minor
+        major ? :major : :minor
+      elsif @stat[:oldmalloc_increase_bytes] + malloc_next > @stat[:oldmalloc_increase_bytes_limit]
+        :major # an oldmalloc overrun starts a major GC by itself
+      end
+    end
+
+    # Ruby decides at the end of a GC that the next one will be major (too
+    # many old objects, or unprotected ones); 3.3 tells us, older Rubies need
+    # the same test done here. Whichever GC the next request triggers will then
+    # be major, so the out-of-band one must be too.
+    def major_pending?(malloc_next)
+      info = GC.latest_gc_info
+      return true if info[:need_major_by]
+      return true if @stat[:old_objects] >= @stat[:old_objects_limit]
+
+      limit = @stat[:remembered_wb_unprotected_objects_limit].to_i
+      return true if limit.positive? && @stat[:remembered_wb_unprotected_objects] >= limit
+
+      @stat[:oldmalloc_increase_bytes] + malloc_next > @stat[:oldmalloc_increase_bytes_limit]
+    end
+
+    def slots_short?(objects, headroom = @headroom)
+      if @per_heap
+        heaps.each_with_index.any? { |i, k| heap_free(i) < objects[k] * headroom }
+      else
+        free = @stat[:heap_free_slots] + @stat.fetch(:heap_allocatable_pages, 0) * page_slots
+        free < objects[0] * headroom
+      end
+    end
+
+    # Free slots in one size pool, plus the pages Ruby may still add to it
+    # without collecting first.
+    def heap_free(index)
+      h = GC.stat_heap(index)
+      live = h[:total_allocated_objects] - h[:total_freed_objects]
+      per_page = h[:heap_eden_pages].zero? ? 0 : h[:heap_eden_slots] / h[:heap_eden_pages]
+      h[:heap_eden_slots] - live + h.fetch(:heap_allocatable_pages, 0) * per_page
+    end
+
+    # A heap so small that even right after a GC it cannot hold one request
+    # (Ruby keeps only 20% of it free) gains nothing from collecting early:
+    # the request will collect anyway. Wait until Ruby has grown the heap.
+    def starved?
+      @starved_at && @stat[:heap_available_slots] <= @starved_at
+    end
+
+    def page_slots
+      GC::INTERNAL_CONSTANTS.fetch(:HEAP_PAGE_OBJ_LIMIT, 409)
+    end
+
+    def run(kind)
+      started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      # immediate_sweep, so the next request does not pay for lazy sweeping.
+      GC.start(full_mark: kind == :major, immediate_sweep: true)
+      self.class.record(kind == :major, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
+      GC.stat(@stat)
+      @starved_at = slots_short?(@rate[0], 1.0) ? @stat[:heap_available_slots] : nil
+    end
+  end
+end
