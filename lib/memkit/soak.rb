@@ -9,6 +9,10 @@ require_relative "soak/url_driver"
 require_relative "soak/attribution"
 require_relative "soak/result"
 require_relative "soak/progress"
+require_relative "soak/chart"
+require_relative "soak/terminal_plot"
+require_relative "soak/compare"
+require_relative "soak/atomic_file"
 require_relative "soak/runner"
 
 module Memkit

@@ -3,14 +3,20 @@
 module Memkit
   module Soak
     # What a soak found: the samples, a fit per memory series, the verdict.
-    # The verdict and bytes_per_request come from rss (what the kernel and
-    # the OOM killer count); heap and malloc fits are there to tell a Ruby
-    # object leak from a C-level one.
+    #
+    # Two curves are judged. rss is what the kernel and the OOM killer count,
+    # but a Ruby process's rss moves in bursts (the heap grows by a factor,
+    # malloc reuses freed pages), so a leak of Ruby objects can look flat for
+    # thousands of requests. In-process there is also "live": Ruby heap slots
+    # in use plus malloc'd bytes, read right after a full GC, which rises by
+    # exactly what is retained but cannot see fragmentation or a buffer's
+    # unused capacity. Either curve calling leak is a leak; plateau needs
+    # both to be flat.
     class Result
       SERIES = %i[rss heap_live_bytes malloc_bytes].freeze
 
       attr_reader :target, :mode, :pid, :requests, :warmup, :sample_every, :samples, :seconds, :gc_seconds,
-                  :min_leak, :malloc_source, :attribution, :http_errors, :verdict, :fits
+                  :min_leak, :malloc_source, :attribution, :http_errors, :verdict, :fits, :metric, :verdicts
       attr_accessor :label
 
       def initialize(target:, mode:, pid:, requests:, warmup:, sample_every:, samples:, seconds:, min_leak:,
@@ -30,8 +36,14 @@ module Memkit
         @http_errors = http_errors
         @label = label
         window = @samples.select { |s| s.requests >= warmup }
-        @verdict = Verdict.judge(window.map(&:requests), window.map(&:rss), min_leak: min_leak)
         @fits = SERIES.to_h { |key| [key, fit(window, key)] }.compact
+        @verdicts = { "rss" => Verdict.judge(window.map(&:requests), window.map(&:rss), min_leak: min_leak) }
+        live = window.select { |s| s.gc && s.heap_live_bytes && s.malloc_bytes }
+        if live.size >= Verdict::MIN_SAMPLES
+          @verdicts["live"] = Verdict.judge(live.map(&:requests), live.map { |s| s.heap_live_bytes + s.malloc_bytes },
+                                            min_leak: min_leak)
+        end
+        @metric, @verdict = combine(@verdicts)
       end
 
       def bytes_per_request = @verdict.full&.slope&.round(1)
@@ -42,9 +54,11 @@ module Memkit
         {
           target: target, label: label, mode: mode, pid: pid, requests: requests, warmup: warmup,
           sample_every: sample_every, seconds: seconds.round(3), requests_per_second: requests_per_second,
-          gc_seconds: gc_seconds.round(3), metric: "rss", bytes_per_request: bytes_per_request,
+          gc_seconds: gc_seconds.round(3), metric: metric, bytes_per_request: bytes_per_request,
           confidence_interval: confidence, verdict: verdict.verdict, reason: verdict.reason, min_leak: min_leak,
-          fits: fits.transform_values(&:to_h), last_half_bytes_per_request: verdict.tail&.slope&.round(1),
+          last_half_bytes_per_request: verdict.tail&.slope&.round(1),
+          verdicts: verdicts.transform_values { |v| { verdict: v.verdict, reason: v.reason, fit: v.full&.to_h }.compact },
+          fits: fits.transform_values(&:to_h),
           malloc_source: malloc_source, http_errors: http_errors,
           attribution: attribution&.map(&:to_h), samples: samples.map(&:to_h)
         }.compact
@@ -63,6 +77,17 @@ module Memkit
       end
 
       private
+
+      # The curve that decides: a leak on either (the tighter interval
+      # relative to its slope if both), else a plateau only if every judged
+      # curve is flat, else the inconclusive one's reason.
+      def combine(verdicts)
+        leaks = verdicts.select { |_, v| v.verdict == "leak" }
+        return leaks.min_by { |_, v| (v.full.high - v.full.low) / v.full.slope } if leaks.any?
+        return ["rss", verdicts["rss"]] if verdicts.values.all? { |v| v.verdict == "plateau" }
+
+        verdicts.find { |_, v| v.verdict == "inconclusive" }
+      end
 
       def fit(window, key)
         points = window.reject { |s| s[key].nil? }

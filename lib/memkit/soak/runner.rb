@@ -70,7 +70,7 @@ module Memkit
           gc = false
           unless @url
             elapsed = now - started
-            if samples.empty? || gc_seconds + last_gc <= @gc_budget * elapsed
+            if samples.empty? || @gc_budget >= 1.0 || gc_seconds + last_gc <= @gc_budget * elapsed
               t = now
               GC.start(full_mark: true, immediate_sweep: true)
               last_gc = now - t

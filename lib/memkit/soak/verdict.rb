@@ -37,7 +37,8 @@ module Memkit
           elsif tail.high < min_leak || (full.high < min_leak && tail.low <= min_leak)
             ["plateau", "flat: #{b[full.slope]} (#{ci[full]}) is under --min-leak #{min_leak}"]
           elsif full.low > min_leak && tail.low <= min_leak
-            ["inconclusive", "grows #{b[full.slope]} overall but the last half only #{b[tail.slope]} (#{ci[tail]}): " \
+            ["inconclusive", "grows #{b[full.slope]} overall but the last half is not clearly growing " \
+                             "(#{b[tail.slope]}, #{ci[tail]}): " \
                              "a cache still filling or a slow leak; run more requests"]
           elsif noisy && full.low > min_leak
             ["inconclusive", "growth of #{Units.human(growth.round)} is within #{Verdict::NOISE_FACTOR}x the noise " \

@@ -1,0 +1,124 @@
+# frozen_string_literal: true
+
+module Memkit
+  class CLI
+    # memkit soak TARGET: serve many requests, sample memory, fit bytes per
+    # request after warm-up, and say leak, plateau or inconclusive.
+    class Soak < Command
+      BANNER = "config.ru|http://127.0.0.1:PORT/path [--pid PID] [--requests N] [--sample-every K] [--warmup N] " \
+               "[--json] [--csv FILE] [--plot FILE.svg|.html] [--compare 'NAME:VAR=VALUE ...']"
+
+      def call(argv)
+        options[:compare] = []
+        parse(argv, BANNER) do |o|
+          o.on("--requests N", Integer, "requests to serve (default #{Memkit::Soak::Runner::DEFAULT_REQUESTS})") { |v| options[:requests] = v }
+          o.on("--sample-every K", Integer, "requests between samples (default: requests / 200)") { |v| options[:sample_every] = v }
+          o.on("--warmup N", Integer, "requests before the fit starts (default: a fifth of --requests)") { |v| options[:warmup] = v }
+          o.on("--pid PID", "the server to sample, with its workers (URL targets)") { |v| options[:pid] = v }
+          o.on("--concurrency C", Integer, "keep-alive connections in parallel (URL targets, default 4)") { |v| options[:concurrency] = v }
+          o.on("--path PATH", "PATH_INFO and query for a config.ru target (default /)") { |v| options[:path] = v }
+          o.on("--min-leak BYTES", Float, "slowest growth per request called a leak (default #{Memkit::Soak::Runner::DEFAULT_MIN_LEAK.to_i})") { |v| options[:min_leak] = v }
+          o.on("--[no-]gc", "full GC before each sample, config.ru targets (default on)") { |v| options[:gc] = v }
+          o.on("--[no-]attribute", "trace the allocation sites that retain objects, config.ru targets (default on)") { |v| options[:attribute] = v }
+          json_option(o)
+          o.on("--csv FILE", "write the samples as CSV") { |v| options[:csv] = v }
+          o.on("--plot FILE", "write the curve as .svg, or as a self-contained .html report") { |v| options[:plot] = v }
+          o.on("--compare SPEC", "also run under NAME:VAR=VALUE ... and overlay the curves (repeatable)") { |v| options[:compare] << v }
+          o.on("--fail-on-leak", "exit 3 when the verdict is leak (for CI)") { options[:fail_on_leak] = true }
+        end
+        raise UsageError, "missing TARGET: a config.ru or an http://127.0.0.1:PORT/ URL" if argv.empty?
+        raise UsageError, "unexpected argument #{argv[1].inspect}" if argv.size > 1
+
+        target = argv.first
+        check_outputs
+        specs = options[:compare].map { |c| Memkit::Soak::Compare.parse(c) }
+        raise UsageError, "--compare needs a config.ru target: a running server's environment cannot be changed" if specs.any? && Memkit::Soak.url?(target)
+
+        results = [run(target)]
+        results += specs.map do |spec|
+          err.puts "memkit soak: running #{spec.name} (#{spec.env.map { |k, v| "#{k}=#{v}" }.join(' ')})" if err.tty?
+          Memkit::Soak::Compare.run(spec, target, child_args)
+        end
+        results.first.label = "default" if specs.any?
+        write_files(results)
+        options[:json] ? print_json(json(results)) : out.puts(text(results))
+        options[:fail_on_leak] && results.first.verdict.verdict == "leak" ? 3 : 0
+      end
+
+      private
+
+      def run(target)
+        kw = options.slice(:requests, :sample_every, :warmup, :pid, :concurrency, :path, :min_leak, :attribute)
+        kw[:gc_budget] = options[:gc] ? 1.0 : 0.0 unless options[:gc].nil?
+        Memkit::Soak.run(target, **kw, progress: options[:json] ? nil : err)
+      end
+
+      def check_outputs
+        if (plot = options[:plot]) && !plot.match?(/\.(svg|html?)\z/i)
+          raise UsageError, "--plot #{plot}: the file name must end in .svg or .html"
+        end
+        options.slice(:csv, :plot).each { |opt, path| Memkit::Soak::AtomicFile.check!(path, "--#{opt}") }
+      end
+
+      def child_args
+        args = []
+        { requests: "--requests", sample_every: "--sample-every", warmup: "--warmup", path: "--path",
+          min_leak: "--min-leak" }.each { |key, flag| args.push(flag, options[key].to_s) if options.key?(key) }
+        args << (options[:gc] ? "--gc" : "--no-gc") unless options[:gc].nil?
+        args << (options[:attribute] ? "--attribute" : "--no-attribute") unless options[:attribute].nil?
+        args
+      end
+
+      def write_files(results)
+        if (path = options[:csv])
+          csv = results.map(&:to_csv)
+          csv = results.each_with_index.map { |r, i| run_column(r.to_csv, Memkit::Soak::Chart.label(r, i), i.zero?) } if results.size > 1
+          Memkit::Soak::AtomicFile.write(path, csv.join)
+        end
+        return unless (path = options[:plot])
+
+        title = "memkit soak #{File.basename(results.first.target)}"
+        content = path.match?(/\.svg\z/i) ? Memkit::Soak::Chart.svg(results, title: title) : Memkit::Soak::Chart.html(results, title: title)
+        Memkit::Soak::AtomicFile.write(path, content)
+      end
+
+      def run_column(csv, label, header)
+        lines = csv.lines
+        head = "run,#{lines.shift}"
+        (header ? [head] : []).concat(lines.map { |l| "#{label},#{l}" }).join
+      end
+
+      def json(results)
+        main = results.first.to_h
+        main[:compare] = results.drop(1).map(&:to_h) if results.size > 1
+        main
+      end
+
+      def text(results)
+        r = results.first
+        lines = ["memkit soak #{r.target}: #{r.requests} requests in #{r.seconds.round(1)} s " \
+                 "(#{r.requests_per_second} req/s#{", #{r.gc_seconds.round(1)} s of it in forced GCs" if r.gc_seconds >= 0.05}), " \
+                 "rss sampled every #{r.sample_every}, fit after #{r.warmup}"]
+        lines << Memkit::Soak::TerminalPlot.render(results)
+        results.each_with_index do |res, i|
+          prefix = results.size > 1 ? "#{Memkit::Soak::Chart.label(res, i)}: " : ""
+          ci = res.confidence ? " (95% CI #{res.confidence.join('..')})" : ""
+          lines << "#{prefix}verdict: #{res.verdict.verdict}: #{res.verdict.reason}"
+          lines << "#{prefix}bytes_per_request: #{res.bytes_per_request}#{ci} of #{res.metric == "live" ? "live memory (heap slots + malloc, after GC)" : "rss"}, final rss #{human(res.samples.last.rss)}"
+          extra = []
+          extra << "ruby heap slots #{res.fits[:heap_live_bytes].slope.round(1)} B/request" if res.fits[:heap_live_bytes]
+          extra << "malloc #{res.fits[:malloc_bytes].slope.round(1)} B/request (#{res.malloc_source})" if res.fits[:malloc_bytes]
+          lines << "#{prefix}#{extra.join(', ')}" unless extra.empty?
+          lines << "#{prefix}#{res.http_errors} responses were 5xx" if res.http_errors&.positive?
+        end
+        sites = Array(r.attribution)
+        unless sites.empty?
+          lines << "objects still alive from a traced window of requests, by allocation site:"
+          lines << CLI.table(%w[site class objects bytes], sites.map { |s| [s.site, s.class_name, s.count, human(s.bytes)] }, left: [0, 1])
+        end
+        lines << "wrote #{[options[:csv], options[:plot]].compact.join(' and ')}" if options[:csv] || options[:plot]
+        lines.join("\n")
+      end
+    end
+  end
+end
