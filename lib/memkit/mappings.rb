@@ -30,7 +30,7 @@ module Memkit
       kernel: "vdso, vvar, vsyscall"
     }.freeze
 
-    HEADER = /\A(\h+)-(\h+) (\S{4}) \h+ \S+ \d+ *(.*)\z/
+    HEADER = /\A(\h+)-(\h+) (\S{4}) \h+ \S+ \d+ *(.*)\z/n
 
     attr_reader :mappings
 
@@ -44,13 +44,13 @@ module Memkit
       rescue SystemCallError
         nil # kernel threads have no executable; ptrace rules may hide it
       end
-      new(parse(text, "/proc/#{pid}/smaps"), exe: exe)
+      new(parse(text, "/proc/#{pid}/smaps"), exe: exe&.b)
     end
 
     def self.parse(text, file = "smaps")
       mappings = []
       fields = nil
-      text.each_line(chomp: true) do |line|
+      ProcFS.binary(text).each_line(chomp: true) do |line|
         if (m = HEADER.match(line))
           fields = {}
           mappings << [m, fields]

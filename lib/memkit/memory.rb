@@ -38,7 +38,7 @@ module Memkit
           begin
             ProcFS.read(pid, "smaps_rollup", root: root)
           rescue Unsupported
-            raise if source == :smaps_rollup || !File.exist?("#{root}/#{pid}/smaps")
+            raise if source == :smaps_rollup
 
             ProcFS.read(pid, "smaps", root: root)
           end

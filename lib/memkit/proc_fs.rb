@@ -19,8 +19,10 @@ module Memkit
       raise InvalidArgument, "not a pid: #{pid.inspect}"
     end
 
+    # Binary, because /proc shows file names and process names byte for byte,
+    # and those need not be valid UTF-8.
     def read(pid, name, root: "/proc")
-      File.read("#{root}/#{pid}/#{name}")
+      File.binread("#{root}/#{pid}/#{name}")
     rescue SystemCallError => e
       raise translate(e, pid, name, root)
     end
@@ -32,10 +34,12 @@ module Memkit
       when Errno::EACCES, Errno::EPERM
         PermissionDenied.new("permission denied reading #{file} (pid #{pid} belongs to another user?)")
       when Errno::ENOENT, Errno::ESRCH
+        # Ask about this process's own file, not the target's: a process that is
+        # exiting loses its files too, and that must not look like an old kernel.
         if !File.exist?("#{root}/self/stat")
           Unsupported.new("#{root} is not a Linux procfs: memkit reads /proc/PID files (Linux only)")
-        elsif File.exist?("#{root}/#{pid}")
-          Unsupported.new("#{file} does not exist on this kernel")
+        elsif !File.exist?("#{root}/self/#{name}")
+          Unsupported.new("#{root}/self/#{name} does not exist on this kernel")
         else
           NoSuchProcess.new("no such process: pid #{pid}")
         end
@@ -47,14 +51,20 @@ module Memkit
     # Parses "Key:   123 kB" lines into {"Key" => bytes}. Repeated keys are
     # summed, which turns a whole smaps file into its totals in one pass.
     def kb_fields(text, into = {})
-      text.scan(/^(\w+):[ \t]+(\d+) kB$/) do |key, kb|
+      binary(text).scan(/^(\w+):[ \t]+(\d+) kB$/) do |key, kb|
         into[key] = into.fetch(key, 0) + kb.to_i * 1024
       end
       into
     end
 
+    def binary(text)
+      text.encoding == Encoding::BINARY ? text : text.b
+    end
+
     # All pids currently in /proc, as Integers.
     def pids(root: "/proc")
+      raise Unsupported, "#{root} is not a Linux procfs: memkit reads /proc/PID files (Linux only)" unless File.exist?("#{root}/self/stat")
+
       Dir.children(root).filter_map { |name| name.to_i if name.match?(/\A\d+\z/) }
     rescue SystemCallError => e
       raise Unsupported, "cannot list #{root}: #{e.message}"

@@ -10,11 +10,13 @@ module Memkit
     end
 
     def self.parse(text, file = "status")
-      raw = text.each_line.to_h { |line| line.chomp.split(/:\s*/, 2) }
+      text = ProcFS.binary(text)
+      raw = text.scan(/^(\w+):[ \t]*(.*)$/).to_h
       kb = ProcFS.kb_fields(text)
-      int = ->(key) { Integer(raw.fetch(key) { raise ParseError, "#{file}: no #{key} field" }, 10) }
+      get = ->(key) { raw.fetch(key) { raise ParseError, "#{file}: no #{key} field" } }
+      int = ->(key) { Integer(get.(key), 10) }
       # Kernel threads and zombies have no Vm* lines: their memory is zero.
-      new(pid: int.("Pid"), name: raw.fetch("Name") { raise ParseError, "#{file}: no Name field" },
+      new(pid: int.("Pid"), name: get.("Name").dup.force_encoding(Encoding::UTF_8).scrub,
           ppid: int.("PPid"), threads: int.("Threads"),
           vm_size: kb.fetch("VmSize", 0), vm_rss: kb.fetch("VmRSS", 0), vm_hwm: kb.fetch("VmHWM", 0),
           rss_anon: kb["RssAnon"], rss_file: kb["RssFile"], rss_shmem: kb["RssShmem"],
@@ -31,7 +33,7 @@ module Memkit
     end
 
     def self.parse(text, file = "statm")
-      pages = text.split
+      pages = ProcFS.binary(text).split
       raise ParseError, "#{file}: expected 7 numbers, got #{text.inspect[0, 60]}" unless pages.size == 7
 
       size, resident, shared, code, _lib, data, = pages.map { |n| Integer(n, 10) * ProcFS::PAGE_SIZE }

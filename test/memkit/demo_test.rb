@@ -1,0 +1,29 @@
+# frozen_string_literal: true
+
+require "test_helper"
+
+# `memkit demo` is the README's first command: it must boot a real server,
+# report it, and leave nothing running.
+class DemoTest < Minitest::Test
+  def test_demo_on_unicorn_and_puma
+    %w[unicorn puma].each do |server|
+      out, err, status = memkit("demo", "--server", server, "--requests", "60")
+      assert status.success?, "#{server}: #{err}"
+      assert_match(/Sent 60 requests/, out)
+      assert_match(/^\s*total\s+5 processes/, out, "master and 4 workers")
+      workers = out.lines.grep(server == "unicorn" ? /unicorn worker\[\d\]/ : /cluster worker \d/)
+      assert_equal 4, workers.size, out
+      assert_match(/really uses .* \(PSS\)/, out)
+      master = out[/^\s*(\d+)\s+\d+\s+(unicorn master|puma)/, 1].to_i
+      refute File.exist?("/proc/#{master}"), "#{server} master #{master} is gone after the demo"
+    end
+  end
+
+  def test_demo_usage_errors
+    _, err, status = memkit("demo", "--workers", "0")
+    assert_equal 2, status.exitstatus
+    assert_match(/\Amemkit: --workers must be 1 or more/, err)
+    _, _, status = memkit("demo", "--server", "webrick")
+    assert_equal 2, status.exitstatus
+  end
+end

@@ -1,0 +1,66 @@
+# frozen_string_literal: true
+
+require "test_helper"
+
+# Recorded /proc files, mutated 10,000 times: the parsers either return a
+# reading or raise a Memkit::Error, never anything else.
+class FuzzTest < Minitest::Test
+  FIXTURES = File.expand_path("../fixtures/proc", __dir__)
+  PARSERS = {
+    "smaps_rollup" => ->(text) { Memkit::Memory.parse(text) },
+    "smaps" => lambda { |text|
+      Memkit::Memory.parse(text)
+      Memkit::Mappings.new(Memkit::Mappings.parse(text)).groups
+    },
+    "status" => ->(text) { Memkit::Status.parse(text) },
+    "statm" => ->(text) { Memkit::Statm.parse(text) }
+  }.freeze
+  RUNS = 10_000
+
+  def mutate(text, random)
+    bytes = text.b
+    random.rand(1..4).times do
+      at = random.rand(bytes.bytesize + 1)
+      case random.rand(9)
+      when 0 then bytes = bytes[0, at] # truncated read
+      when 1 then bytes.insert(at, random.bytes(random.rand(1..8)))
+      when 2 then bytes.setbyte(at % [bytes.bytesize, 1].max, random.rand(256)) unless bytes.empty?
+      when 3 then bytes = bytes.lines.tap { |l| l.delete_at(random.rand(l.size)) unless l.empty? }.join
+      when 4 then bytes = bytes.lines.tap { |l| l.insert(random.rand(l.size + 1), l.sample(random: random).to_s) }.join
+      when 5 then bytes = bytes.gsub(/\d+/) { |d| random.rand(4).zero? ? "9" * random.rand(1..40) : d }
+      when 6 then bytes = bytes.sub(/\d/, %w[- x \xFF] .sample(random: random).b)
+      when 7 then bytes = bytes.tr(random.rand(2).zero? ? ":" : " ", random.rand(2).zero? ? "\t" : "")
+      else bytes = +""
+      end
+    end
+    random.rand(2).zero? ? bytes : bytes.dup.force_encoding(Encoding::UTF_8)
+  end
+
+  def test_only_memkit_errors_escape_the_parsers
+    seed = Integer(ENV.fetch("FUZZ_SEED", Random.new_seed % 1_000_000))
+    random = Random.new(seed)
+    inputs = PARSERS.keys.to_h { |name| [name, File.binread(File.join(FIXTURES, name))] }
+    outcomes = Hash.new(0)
+    RUNS.times do |i|
+      name = PARSERS.keys[i % PARSERS.size]
+      input = mutate(inputs.fetch(name), random)
+      begin
+        PARSERS.fetch(name).call(input)
+        outcomes[:parsed] += 1
+      rescue Memkit::Error
+        outcomes[:rejected] += 1
+      rescue StandardError => e
+        flunk "FUZZ_SEED=#{seed} run #{i}: #{name} parser raised #{e.class}: #{e.message}\ninput: #{input.inspect[0, 400]}"
+      end
+    end
+    assert_equal RUNS, outcomes.values.sum
+    # Both sides exercised: mutations that still parse, and ones rejected.
+    assert_operator outcomes[:parsed], :>, RUNS / 10
+    assert_operator outcomes[:rejected], :>, RUNS / 10
+  end
+
+  def test_the_unmutated_fixtures_parse
+    PARSERS.each_key { |name| PARSERS.fetch(name).call(File.read(File.join(FIXTURES, name))) }
+    assert_equal 2000 * 1024, Memkit::Memory.parse(File.read(File.join(FIXTURES, "smaps_rollup"))).rss
+  end
+end

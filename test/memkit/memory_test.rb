@@ -1,0 +1,106 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "fileutils"
+
+class MemoryTest < Minitest::Test
+  MB = 1024 * 1024
+
+  def test_rss_reads_statm
+    statm = Memkit::Statm.read(Process.pid)
+    rss = Memkit.rss
+    assert_kind_of Integer, rss
+    assert_in_delta statm.resident, rss, 2 * MB
+    assert_equal 0, rss % Memkit::ProcFS::PAGE_SIZE
+  end
+
+  def test_rss_of_other_processes_and_bad_pids
+    with_children(1) do |(pid)|
+      assert_operator Memkit.rss(pid), :>, 0
+      assert_operator Memkit.rss(pid.to_s), :>, 0
+    end
+    assert_raises(Memkit::InvalidArgument) { Memkit.rss("abc") }
+    gone = fork { exit!(0) }
+    Process.wait(gone)
+    assert_raises(Memkit::NoSuchProcess) { Memkit.rss(gone) }
+  end
+
+  def test_memory_fields_are_consistent_integers
+    memory = Memkit.memory
+    Memkit::Memory.members.each { |f| assert_kind_of Integer, memory[f], f }
+    assert_equal memory.private_clean + memory.private_dirty, memory.uss
+    assert_equal memory.shared_clean + memory.shared_dirty, memory.shared
+    assert_equal memory.rss, memory.uss + memory.shared
+    assert_operator memory.pss, :<=, memory.rss
+    assert_operator memory.pss, :>=, memory.uss
+  end
+
+  # Copy-on-write as the kernel does it: a child shares a 64 MB buffer with
+  # its parent until it writes to it.
+  def test_a_child_shares_until_it_writes
+    buffer = "x" * (64 * MB)
+    reader, writer = IO.pipe
+    child = fork do
+      reader.close
+      before = Memkit.memory
+      (0...buffer.bytesize).step(4096) { |i| buffer.setbyte(i, 121) }
+      after = Memkit.memory
+      writer.write(Marshal.dump([before.to_h, after.to_h]))
+      exit!(0)
+    end
+    writer.close
+    before, after = Marshal.load(reader.read) # rubocop:disable Security/MarshalLoad
+    Process.wait(child)
+    assert_operator before[:shared], :>=, 60 * MB
+    assert_operator after[:private_dirty] - before[:private_dirty], :>=, 60 * MB
+    assert_operator before[:shared] - after[:shared], :>=, 60 * MB
+  ensure
+    buffer = nil
+  end
+
+  # A process of its own (not a fork of this busy test process, whose
+  # writes would move pages from shared to private between the two reads).
+  def test_smaps_gives_the_same_totals_as_smaps_rollup
+    pid = Process.spawn("sleep", "30")
+    wait_until(message: "sleep to exec") { Memkit::Tree.command(pid).start_with?("sleep") }
+    rollup = Memkit.memory(pid)
+    summed = Memkit.memory(pid, source: :smaps)
+    Memkit::Memory.members.each { |f| assert_in_delta rollup[f], summed[f], 64 * 1024, f }
+  ensure
+    Process.kill(:KILL, pid)
+    Process.wait(pid)
+  end
+
+  # A kernel older than 4.14 has smaps but no smaps_rollup. A /proc-shaped
+  # folder that links to the real smaps (and nothing else) takes that path.
+  def test_falls_back_to_smaps_when_the_kernel_has_no_rollup
+    with_children(1) do |(pid)|
+      Dir.mktmpdir do |root|
+        { "self" => "self", pid.to_s => pid }.each do |dir, real|
+          FileUtils.mkdir(File.join(root, dir))
+          %w[stat smaps].each { |f| FileUtils.ln_s("/proc/#{real}/#{f}", File.join(root, dir, f)) }
+        end
+        fallback = Memkit::Memory.read(pid, root: root)
+        assert_in_delta Memkit.memory(pid, source: :smaps).rss, fallback.rss, 64 * 1024
+        error = assert_raises(Memkit::Unsupported) { Memkit::Memory.read(pid, source: :smaps_rollup, root: root) }
+        assert_includes error.message, "smaps_rollup"
+      end
+    end
+  end
+
+  # A zombie is a process that has exited but not been reaped: its memory
+  # files read empty. That is a process gone, not a parse error.
+  def test_a_zombie_is_no_such_process
+    zombie = fork { exit!(0) }
+    wait_until(message: "zombie state") { File.read("/proc/#{zombie}/stat")[/\) (\w)/, 1] == "Z" }
+    assert_raises(Memkit::NoSuchProcess) { Memkit.memory(zombie) }
+  ensure
+    Process.wait(zombie) if zombie
+  end
+
+  def test_parse_raises_naming_the_missing_field
+    text = File.read(File.expand_path("../fixtures/proc/smaps_rollup", __dir__)).sub(/^Pss:.*\n/, "")
+    error = assert_raises(Memkit::ParseError) { Memkit::Memory.parse(text, "/proc/7/smaps_rollup") }
+    assert_equal "/proc/7/smaps_rollup: no Pss field", error.message
+  end
+end
