@@ -65,52 +65,77 @@ class MemoryLimitTest < Minitest::Test
 
   private
 
-  # Several keep-alive clients hammer a leaking app until the workers have
-  # been replaced at least 5 times; every request must get a 2xx response.
+  # Several keep-alive clients, each its own process (threads sharing one
+  # GVL would stall between connect and write, which no real client does),
+  # hammer a leaking app until the workers have been replaced at least 5
+  # times; every request must get a 2xx response.
   def recycle_under(kind)
     Dir.mktmpdir("memkit-limit") do |dir|
       server = start_server(kind, LEAKY_APP, dir: dir, port: free_port, threads: 2,
                                              env: { "MAX_USS" => "90MB" }, check_path: "/ping")
       begin
-        pids = Queue.new
-        failures = Queue.new
-        clients = Array.new(4) { Memkit::ServersHelper::KeepAliveClient.new(server.port) }
-        seen = {}
-        stop = false
-        served = 0
-        threads = clients.map do |client|
-          Thread.new do
-            until stop
-              begin
-                pids << client.get("/leak")[2].to_i
-                served += 1
-              rescue Memkit::ServersHelper::KeepAliveClient::Failure, SystemCallError, IOError => e
-                failures << "#{e.class}: #{e.message}"
-              end
-            end
-          end
-        end
         wanted = Integer(ENV.fetch("MEMKIT_RECYCLES", "5"))
-        wait_until(timeout: 20 + 5 * wanted, interval: 0.1, message: "#{wanted} worker replacements under #{kind}") do
-          seen[pids.pop] = true until pids.empty?
-          seen.size >= 2 + wanted
+        stop_file = File.join(dir, "stop")
+        clients = Array.new(4) { |i| spawn_client(server.port, stop_file, File.join(dir, "client#{i}.out")) }
+        seen = {}
+        wait_until(timeout: 20 + 5 * wanted, interval: 0.2, message: "#{wanted} worker replacements under #{kind}") do
+          clients.each { |c| File.foreach(c[:out]) { |l| seen[l.to_i] = true if l.match?(/\A\d+$/) } if File.exist?(c[:out]) }
+          seen.size >= 2 + wanted || clients.any? { |c| Process.waitpid(c[:pid], Process::WNOHANG) && (c[:done] = true) }
         end
-        stop = true
-        threads.each(&:join)
-        seen[pids.pop] = true until pids.empty?
+        File.write(stop_file, "")
+        results = clients.map do |c|
+          Process.waitpid(c[:pid]) unless c[:done]
+          c[:done] = true
+          lines = File.readlines(c[:out], chomp: true)
+          lines.each { |l| seen[l.to_i] = true if l.match?(/\A\d+\z/) }
+          lines
+        end
+        errors = results.flatten.grep(/\AFAIL/)
+        summaries = results.map { |lines| lines.grep(/\Adone/).first.to_s }
+        served = results.flatten.grep(/\A\d+\z/).size
         log = server.log_text
         replaced = log.scan(/memkit: worker \d+ uss .* asking #{kind} to replace it \(SIG#{kind == :puma ? 'TERM' : 'QUIT'}\)/i)
-        errors = failures.size.times.map { failures.pop }
-        stats = clients.map { |c| [c.connections, c.stale_reconnects, c.retries_after_send] }
         assert_empty errors, "failed requests under #{kind} (#{served} served):\n#{errors.first(5).join("\n")}"
-        assert_operator seen.size - 2, :>=, 5, "worker pids seen: #{seen.size}"
-        assert_operator replaced.size, :>=, 5, "replacement log lines:\n#{log[-2000..]}"
-        puts "\n#{kind}: #{served} requests, #{seen.size} worker pids, #{replaced.size} replacements logged; per client " \
-             "[connections, stale keep-alive reconnects, retries after send]: #{stats.inspect}"
+        assert_operator seen.size - 2, :>=, wanted, "worker pids seen: #{seen.size}"
+        assert_operator replaced.size, :>=, wanted, "replacement log lines:\n#{log[-3000..]}"
+        puts "\n#{kind}: #{served} requests, #{seen.size} worker pids, #{replaced.size} replacements logged; " \
+             "per client: #{summaries.join('; ')}"
       ensure
-        clients&.each(&:close)
+        File.write(stop_file, "") if stop_file
+        clients&.each do |c|
+          next if c[:done]
+
+          begin
+            Process.kill(:KILL, c[:pid])
+            Process.waitpid(c[:pid])
+          rescue Errno::ESRCH, Errno::ECHILD
+            nil
+          end
+        end
         stop_server(server)
       end
     end
+  end
+
+  # One client process: GET /leak in a loop on a keep-alive connection,
+  # writing each responding pid, or FAIL and the reason, one per line.
+  def spawn_client(port, stop_file, out)
+    pid = fork do
+      File.open(out, "w") do |f|
+        f.sync = true
+        client = Memkit::ServersHelper::KeepAliveClient.new(port)
+        until File.exist?(stop_file)
+          begin
+            f.puts client.get("/leak")[2].to_i
+          rescue Memkit::ServersHelper::KeepAliveClient::Failure, SystemCallError, IOError => e
+            f.puts "FAIL #{e.class}: #{e.message}"
+          end
+        end
+        f.puts "done: #{client.connections} connections, #{client.stale_reconnects} stale keep-alive reconnects, " \
+               "#{client.retries_after_send} retries after send"
+      end
+      exit!(0)
+    end
+    { pid: pid, out: out }
   end
 end

@@ -51,7 +51,8 @@ module Memkit
           [Gem.bin_path("puma", "puma"), "-C", File.join(dir, "puma.rb")]
         else raise ArgumentError, "unknown server #{kind}"
         end
-      pid = Process.spawn(env, RbConfig.ruby, "-I", LIB, *argv, chdir: dir, out: log, err: log, pgroup: true)
+      # Append mode: master and workers write to one file without overwriting.
+      pid = Process.spawn(env, RbConfig.ruby, "-I", LIB, *argv, chdir: dir, out: [log, "a"], err: [:child, :out], pgroup: true)
       server = Server.new(kind: kind, pid: pid, port: port, log: log, dir: dir)
       deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 60
       until answering?(port, check_path)
