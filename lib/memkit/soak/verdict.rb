@@ -34,7 +34,10 @@ module Memkit
           elsif tail.high < min_leak && full.low > min_leak
             ["plateau", "grew #{b[full.slope]} early on but the last #{xs.last - xs[half]} requests are flat " \
                         "(#{b[tail.slope]}, #{ci[tail]}, under --min-leak #{min_leak})"]
-          elsif tail.high < min_leak || (full.high < min_leak && tail.low <= min_leak)
+          elsif tail.high < min_leak
+            ["plateau", "flat: the last #{xs.last - xs[half]} requests grow #{b[tail.slope]} (#{ci[tail]}), " \
+                        "under --min-leak #{min_leak}; the whole window #{b[full.slope]}"]
+          elsif full.high < min_leak && tail.low <= min_leak
             ["plateau", "flat: #{b[full.slope]} (#{ci[full]}) is under --min-leak #{min_leak}"]
           elsif full.low > min_leak && tail.low <= min_leak
             ["inconclusive", "grows #{b[full.slope]} overall but the last half is not clearly growing " \

@@ -1,0 +1,74 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "json"
+
+# The "Must show" statistics on the sample apps in test/fixtures/soak, each
+# run in a fresh forked process so one run's heap does not carry into the
+# next. Fewer samples than the CLI default keep the file under a minute; the
+# default-settings runs are in bench/RESULTS.md (bench/soak_verdicts.rb).
+class SoakVerdictTest < Minitest::Test
+  FIXTURES = File.join(Memkit::TestHelpers::ROOT, "test", "fixtures", "soak")
+
+  def soak(fixture, **options)
+    reader, writer = IO.pipe
+    pid = fork do
+      reader.close
+      result = Memkit::Soak.run(File.join(FIXTURES, fixture), **options)
+      writer.write(JSON.generate(result.to_h))
+      writer.close
+      exit!(0)
+    rescue Exception => e # rubocop:disable Lint/RescueException -- report anything to the parent
+      writer.write(JSON.generate(error: "#{e.class}: #{e.message}"))
+      exit!(1)
+    end
+    writer.close
+    out = JSON.parse(reader.read, symbolize_names: true)
+    flunk out[:error] if out[:error]
+    out
+  ensure
+    reader&.close
+    Process.wait(pid) if pid
+  end
+
+  def test_a_400_byte_per_request_leak_is_found_within_20000_requests
+    r = soak("leak.ru", requests: 20_000, sample_every: 250, attribute: false)
+    assert_equal "leak", r[:verdict], r[:reason]
+    assert_in_delta 400, r[:bytes_per_request], 100, "within ±25% of 400 B/request"
+    lo, hi = r[:confidence_interval]
+    assert_operator lo, :<=, r[:bytes_per_request]
+    assert_operator hi, :>=, r[:bytes_per_request]
+    assert_equal 81, r[:samples].size
+  end
+
+  def test_a_bounded_cache_is_never_called_a_leak_in_ten_runs
+    verdicts = Array.new(10) do
+      soak("bounded_cache.ru", requests: 10_000, sample_every: 200, attribute: false)
+    end
+    leaks = verdicts.count { |r| r[:verdict] == "leak" }
+    assert_equal 0, leaks, verdicts.map { |r| "#{r[:verdict]}: #{r[:reason]}" }.uniq.join("\n")
+    # Not vacuous: the cache really did grow while it filled (2,000 x 1 KB).
+    first = verdicts.first[:samples]
+    assert_operator first[10][:heap_live_bytes] + first[10][:malloc_bytes],
+                    :>, first[0][:heap_live_bytes] + first[0][:malloc_bytes] + 1_500_000
+    assert verdicts.all? { |r| r[:verdict] == "plateau" }, verdicts.map { |r| r[:reason] }.uniq.join("\n")
+  end
+
+  def test_heavy_allocation_with_nothing_retained_is_a_plateau
+    r = soak("churn.ru", requests: 3_000, sample_every: 50, attribute: false)
+    assert_equal "plateau", r[:verdict], r[:reason]
+    assert_operator r[:bytes_per_request].abs, :<, 64
+  end
+
+  def test_a_leak_of_ruby_objects_is_measured_and_attributed
+    require "objspace"
+    entry = { id: 12_345, path: "/?n=12345", agent: "memkit-soak/12345" }
+    truth = ObjectSpace.memsize_of(entry) + entry.values.sum { |v| ObjectSpace.memsize_of(v) } + 8
+    r = soak("leak_objects.ru", requests: 6_000, sample_every: 60, attribute: true)
+    assert_equal "leak", r[:verdict], r[:reason]
+    assert_in_delta truth, r[:bytes_per_request], truth * 0.25, "retained per request: #{truth} B"
+    top = r[:attribution].first
+    assert_match(%r{fixtures/soak/leak_objects\.ru:9\z}, top[:site])
+    assert_equal "Hash", top[:class_name]
+  end
+end
