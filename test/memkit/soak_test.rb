@@ -1,0 +1,143 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "json"
+require "pty"
+require_relative "servers_helper"
+
+# `memkit soak` end to end: real processes, real config.ru files, a real
+# Unicorn on 127.0.0.1 for the URL mode.
+class SoakTest < Minitest::Test
+  FIXTURES = File.join(Memkit::TestHelpers::ROOT, "test", "fixtures", "soak")
+
+  def fixture(name) = File.join(FIXTURES, name)
+
+  def test_json_for_a_config_ru_has_samples_fit_and_verdict
+    Dir.mktmpdir do |dir|
+      csv = File.join(dir, "leak.csv")
+      out, err, status = memkit("soak", fixture("leak.ru"), "--requests", "3000", "--sample-every", "30",
+                                "--warmup", "600", "--json", "--csv", csv, "--no-attribute")
+      assert status.success?, err
+      assert_empty err, "no progress bar when stderr is not a terminal"
+      r = JSON.parse(out)
+      assert_equal 3000, r["requests"]
+      assert_equal 101, r["samples"].size
+      assert_equal (0..3000).step(30).to_a, r["samples"].map { |s| s["requests"] }
+      assert_equal "leak", r["verdict"], r["reason"]
+      assert_in_delta 400, r["bytes_per_request"], 100
+      assert_equal %w[rss live], r["verdicts"].keys
+      assert_match(/mallinfo2|jemalloc|malloc_increase/, r["malloc_source"])
+      assert r["samples"].all? { |s| s["rss"].positive? && s["heap_live_slots"].positive? }
+      lines = File.readlines(csv)
+      assert_equal "requests,seconds,rss,heap_live_slots,heap_live_bytes,malloc_bytes,gc\n", lines.first
+      assert_equal 102, lines.size
+      assert_equal [], Dir.children(dir) - ["leak.csv"], "no temporary files left"
+    end
+  end
+
+  def test_text_output_has_the_plot_verdict_and_attribution
+    out, err, status = memkit("soak", fixture("leak_objects.ru"), "--requests", "2000", "--sample-every", "20")
+    assert status.success?, err
+    assert_match(/^verdict: leak: grows \d+ B\/request/, out)
+    assert_match(/^bytes_per_request: \d+/, out)
+    assert_match(/\|\s*\*+/, out, "terminal plot")
+    assert_match(%r{leak_objects\.ru:9\s+Hash}, out, "allocation site of the retained Hash")
+  end
+
+  def test_progress_bar_with_eta_only_on_a_terminal
+    output = +""
+    PTY.spawn(RbConfig.ruby, EXE, "soak", fixture("churn.ru"), "--requests", "1500", "--sample-every", "10",
+              "--no-attribute") do |r, _w, pid|
+      begin
+        r.each_char { |c| output << c }
+      rescue Errno::EIO
+        nil # the child closed the terminal
+      end
+      Process.wait(pid)
+    end
+    assert_match(%r{\[#*\.*\]\s+\d+% \d+/1500 .*ETA \d+:\d\d}, output)
+    assert_match(/verdict: plateau/, output)
+  end
+
+  def test_missing_file_is_a_usage_error_and_writes_nothing
+    Dir.mktmpdir do |dir|
+      csv = File.join(dir, "out.csv")
+      plot = File.join(dir, "out.svg")
+      out, err, status = memkit("soak", File.join(dir, "nope.ru"), "--csv", csv, "--plot", plot)
+      assert_equal 2, status.exitstatus
+      assert_empty out
+      assert_equal 1, err.lines.size, err
+      assert_match(/no such file: .*nope\.ru/, err)
+      assert_empty Dir.children(dir)
+    end
+  end
+
+  def test_syntax_error_in_config_ru_is_one_line_and_exit_1
+    Dir.mktmpdir do |dir|
+      plot = File.join(dir, "out.html")
+      File.write(plot, "previous report")
+      out, err, status = memkit("soak", fixture("syntax_error.ru"), "--plot", plot)
+      assert_equal 1, status.exitstatus
+      assert_empty out
+      assert_equal 1, err.lines.size, err
+      assert_match(/syntax_error\.ru: syntax error/, err)
+      assert_equal "previous report", File.read(plot), "an old report is not overwritten by a failed run"
+      assert_equal ["out.html"], Dir.children(dir)
+    end
+  end
+
+  def test_url_without_pid_and_url_nobody_listens_on
+    port = free_port
+    Dir.mktmpdir do |dir|
+      csv = File.join(dir, "x.csv")
+      _, err, status = memkit("soak", "http://127.0.0.1:#{port}/", "--csv", csv)
+      assert_equal 2, status.exitstatus
+      assert_equal 1, err.lines.size, err
+      assert_match(/--pid PID/, err)
+
+      _, err, status = memkit("soak", "http://127.0.0.1:#{port}/", "--pid", Process.pid, "--csv", csv)
+      assert_equal 1, status.exitstatus
+      assert_equal 1, err.lines.size, err
+      assert_match(/nothing listens on 127\.0\.0\.1:#{port}/, err)
+
+      _, err, status = memkit("soak", "http://example.com/", "--pid", Process.pid)
+      assert_equal 2, status.exitstatus
+      assert_match(/only drives servers on 127\.0\.0\.1/, err)
+      assert_empty Dir.children(dir)
+    end
+  end
+
+  def test_bad_options_are_usage_errors
+    [["--requests", "0"], ["--sample-every", "5000"], ["--warmup", "20000"], ["--plot", "/tmp/x.png"],
+     ["--compare", "nonsense"], ["--compare", "je:LD_PRELOAD=/nonexistent/libjemalloc.so"],
+     ["--concurrency", "8"], ["--csv", "/nonexistent-dir/x.csv"]].each do |args|
+      out, err, status = memkit("soak", fixture("leak.ru"), "--requests", "1000", *args)
+      assert_equal 2, status.exitstatus, "#{args.inspect}: #{err}"
+      assert_empty out
+      assert_equal 1, err.lines.size, "#{args.inspect}: #{err}"
+    end
+  end
+
+  def test_url_mode_samples_a_unicorn_tree_over_keep_alive
+    Dir.mktmpdir do |dir|
+      server = Memkit::ServersHelper.start_server(:unicorn, File.read(fixture("leak.ru")), dir: dir, port: free_port, workers: 2)
+      begin
+        out, err, status = memkit("soak", "http://127.0.0.1:#{server.port}/", "--pid", server.pid, "--requests", "2000",
+                                  "--sample-every", "100", "--concurrency", "2", "--json")
+        assert status.success?, err
+        r = JSON.parse(out)
+        assert_equal "url", r["mode"]
+        assert_equal server.pid, r["pid"]
+        assert_equal 21, r["samples"].size
+        workers = Memkit.tree(server.pid).nodes.size
+        assert_equal 3, workers, "master and two workers"
+        # The whole tree is sampled: more than the master alone.
+        assert_operator r["samples"].last["rss"], :>, Memkit.rss(server.pid) * 2
+        assert_equal 0, r["http_errors"]
+        refute r["samples"].first.key?("heap_live_slots"), "no heap figures from outside the process"
+      ensure
+        Memkit::ServersHelper.stop_server(server)
+      end
+    end
+  end
+end
