@@ -30,6 +30,8 @@ module Memkit
       kernel: "vdso, vvar, vsyscall"
     }.freeze
 
+    MAX_GUARD = 64 * 1024
+
     HEADER = /\A(\h+)-(\h+) (\S{4}) \h+ \S+ \d+ *(.*)\z/n
 
     attr_reader :mappings
@@ -95,8 +97,11 @@ module Memkit
 
       if mapping.anonymous?
         # Thread stacks (glibc) and fiber stacks (Ruby's fiber pool) sit directly
-        # above a PROT_NONE guard page; malloc arenas have their reserve above instead.
-        return below&.guard? && below.anonymous? && below.finish == mapping.start ? :stacks : :anonymous
+        # above a guard of a page or a few. A malloc arena's reserve is PROT_NONE
+        # too, but megabytes long, and can end right below the next arena.
+        guarded = below&.guard? && below.anonymous? && below.finish == mapping.start &&
+                  below.size <= MAX_GUARD
+        return guarded ? :stacks : :anonymous
       end
       return :shared_memory if path.start_with?("/dev/zero", "/SYSV", "/memfd:", "[anon_shmem") || path.include?("(deleted)") && mapping.perms[3] == "s"
       return :libraries if path == @exe || path.match?(/\.so(\.[\d.]+)?(\s|\z)/)

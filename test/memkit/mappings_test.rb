@@ -5,48 +5,54 @@ require "test_helper"
 class MappingsTest < Minitest::Test
   FIXTURE = File.expand_path("../fixtures/proc/smaps", __dir__)
 
-  # Runs the block in a fresh child and returns its mappings' groups.
-  def groups_in_child(&setup)
-    reader, writer = IO.pipe
-    pid = fork do
-      reader.close
-      keep = setup&.call
-      writer.write(Marshal.dump(Memkit.mappings.to_h))
-      keep # held alive until the reading above is done
-      exit!(0)
-    end
-    writer.close
-    Marshal.load(reader.read) # rubocop:disable Security/MarshalLoad
-  ensure
-    Process.wait(pid) if pid
+  # Runs Ruby code in a new process (not a fork: a fork inherits this
+  # process's thread stacks, which glibc then reuses for new threads) and
+  # returns that process's mapping groups.
+  def groups_in_new_process(setup = "nil")
+    script = "keep = (#{setup}); print Marshal.dump(Memkit.mappings.to_h)"
+    out, status = Open3.capture2(RbConfig.ruby, "-I#{File.join(ROOT, 'lib')}", "-rmemkit", "-e", script)
+    assert status.success?
+    Marshal.load(out) # rubocop:disable Security/MarshalLoad
   end
 
   def test_thread_stacks_are_stacks
-    base = groups_in_child
-    threads = groups_in_child do
+    base = groups_in_new_process
+    threads = groups_in_new_process(<<~RUBY)
       queue = Queue.new
-      started = Array.new(6) { Thread.new { queue << :up; sleep } }
-      6.times { queue.pop }
-      started
-    end
+      Array.new(6) { Thread.new { queue << :up; sleep } }.tap { 6.times { queue.pop } }
+    RUBY
     assert_operator threads[:stacks][:count] - base[:stacks][:count], :>=, 6
   end
 
   def test_fiber_stacks_are_stacks
-    base = groups_in_child
-    fibers = groups_in_child do
-      # More live fibers than Ruby's first fiber-pool allocation holds.
-      Array.new(300) { Fiber.new { Fiber.yield }.tap(&:resume) }
-    end
+    base = groups_in_new_process
+    # More live fibers than Ruby's first fiber-pool allocation holds.
+    fibers = groups_in_new_process("Array.new(300) { Fiber.new { Fiber.yield }.tap(&:resume) }")
     assert_operator fibers[:stacks][:count] - base[:stacks][:count], :>=, 100
     assert_operator fibers[:guard][:count], :>, base[:guard][:count]
     assert_equal 0, fibers[:guard][:rss], "guard pages are never resident"
   end
 
   def test_a_large_allocation_is_anonymous_memory
-    base = groups_in_child
-    big = groups_in_child { "x" * (48 * 1024 * 1024) }
+    base = groups_in_new_process
+    big = groups_in_new_process('"x" * (48 * 1024 * 1024)')
     assert_operator big[:anonymous][:rss] - base[:anonymous][:rss], :>=, 40 * 1024 * 1024
+  end
+
+  # Shapes seen on Ruby 3.3 / glibc 2.41: one malloc arena's PROT_NONE
+  # reserve (megabytes) ends where the next arena begins, while a thread
+  # stack sits above a single guard page.
+  def test_an_arena_above_another_arenas_reserve_is_not_a_stack
+    field = ->(kb) { %w[Size Rss Pss Private_Dirty Swap].map { |k| "#{k}: #{k == 'Size' ? kb : 0} kB\n" }.join }
+    text = [
+      "7ff330021000-7ff334000000 ---p 00000000 00:00 0 \n", field.(65_404),
+      "7ff334000000-7ff334021000 rw-p 00000000 00:00 0 \n", field.(132),
+      "7ff33ed7d000-7ff33ed7e000 ---p 00000000 00:00 0 \n", field.(4),
+      "7ff33ed7e000-7ff33ee7e000 rw-p 00000000 00:00 0 \n", field.(1024)
+    ].join
+    groups = Memkit::Mappings.new(Memkit::Mappings.parse(text)).groups
+    assert_equal [2, 1, 1], [groups[:guard].count, groups[:anonymous].count, groups[:stacks].count]
+    assert_equal 1024 * 1024, groups[:stacks].size
   end
 
   def test_libraries_and_kernel_mappings
