@@ -59,16 +59,17 @@ class MemoryTest < Minitest::Test
   end
 
   # A process of its own (not a fork of this busy test process, whose
-  # writes would move pages from shared to private between the two reads).
+  # writes would move pages from shared to private between the two reads),
+  # read once it has said it is idle.
   def test_smaps_gives_the_same_totals_as_smaps_rollup
-    pid = Process.spawn("sleep", "30")
-    wait_until(message: "sleep to exec") { Memkit::Tree.command(pid).start_with?("sleep") }
-    rollup = Memkit.memory(pid)
-    summed = Memkit.memory(pid, source: :smaps)
+    io = IO.popen([RbConfig.ruby, "-e", "puts :ready; $stdout.flush; sleep"])
+    assert_equal "ready\n", io.gets
+    rollup = Memkit.memory(io.pid)
+    summed = Memkit.memory(io.pid, source: :smaps)
     Memkit::Memory.members.each { |f| assert_in_delta rollup[f], summed[f], 64 * 1024, f }
   ensure
-    Process.kill(:KILL, pid)
-    Process.wait(pid)
+    Process.kill(:KILL, io.pid)
+    io.close
   end
 
   # A kernel older than 4.14 has smaps but no smaps_rollup. A /proc-shaped
