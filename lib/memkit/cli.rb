@@ -37,7 +37,8 @@ module Memkit
       @debug = argv.delete("--debug")
       name = argv.shift
       case name
-      when nil, "-h", "--help", "help" then out.puts(help) || (name ? 0 : 2)
+      when nil then err.puts(help) || 2
+      when "-h", "--help", "help" then out.puts(help) || 0
       when "-v", "--version" then out.puts("memkit #{VERSION}") || 0
       else catch(:done) { command(name).new(self, name).call(argv) || 0 }
       end
