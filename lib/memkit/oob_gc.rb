@@ -41,6 +41,10 @@ module Memkit
       end
     end
 
+    # Ruby's GC_HEAP_FREE_SLOTS_MIN_RATIO: the free share of the heap a GC
+    # must leave, or the next one is major.
+    MIN_FREE_RATIO = Float(ENV.fetch("RUBY_GC_HEAP_FREE_SLOTS_MIN_RATIO", "0.20")) rescue 0.20
+
     @lock = Mutex.new
     @stats = Stats.new(requests: 0, oob_minor: 0, oob_major: 0, inside_minor: 0, inside_major: 0, oob_seconds: 0.0)
     @in_flight = 0
@@ -226,12 +230,23 @@ module Memkit
     end
 
     def run(kind)
+      collect(kind)
+      GC.stat(@stat)
+      # A minor GC that leaves less than the minimum free share of the heap
+      # makes Ruby's next GC a major one ("nofree"), which is also how Ruby
+      # grows a tight heap. Better now, between requests, than in the next one.
+      if kind == :minor && @stat[:heap_free_slots] + @stat[:heap_final_slots].to_i < @stat[:heap_available_slots] * MIN_FREE_RATIO
+        collect(:major)
+        GC.stat(@stat)
+      end
+      @starved_at = slots_short?(@rate[0], 1.0) ? @stat[:heap_available_slots] : nil
+    end
+
+    def collect(kind)
       started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
       # immediate_sweep, so the next request does not pay for lazy sweeping.
       GC.start(full_mark: kind == :major, immediate_sweep: true)
       self.class.record(kind == :major, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
-      GC.stat(@stat)
-      @starved_at = slots_short?(@rate[0], 1.0) ? @stat[:heap_available_slots] : nil
     end
   end
 end

@@ -132,7 +132,8 @@ class MemoryLimitTest < Minitest::Test
           end
         end
         f.puts "done: #{client.connections} connections, #{client.stale_reconnects} stale keep-alive reconnects, " \
-               "#{client.retries_after_send} retries after send"
+               "#{client.retries_after_send} retries after send, " \
+               "#{client.unanswered_fresh} new connections closed unanswered and retried"
       end
       exit!(0)
     end

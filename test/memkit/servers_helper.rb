@@ -20,7 +20,7 @@ module Memkit
 
     # Writes config.ru (the given source) and a server config into dir, starts
     # the server, and waits until it answers. kind: :unicorn or :puma.
-    def start_server(kind, app_source, dir:, port:, workers: 2, threads: 1, env: {}, check_path: "/")
+    def start_server(kind, app_source, dir:, port:, workers: 2, threads: 1, env: {}, check_path: "/", extra: "")
       File.write(File.join(dir, "config.ru"), app_source)
       log = File.join(dir, "#{kind}.log")
       argv =
@@ -32,6 +32,7 @@ module Memkit
             preload_app true
             timeout 60
             working_directory #{dir.inspect}
+            #{extra}
           RUBY
           [Gem.bin_path("unicorn", "unicorn"), "-c", File.join(dir, "unicorn.conf.rb"), File.join(dir, "config.ru")]
         when :puma
@@ -47,6 +48,7 @@ module Memkit
             worker_shutdown_timeout 20
             environment "production"
             log_requests false
+            #{extra}
           RUBY
           [Gem.bin_path("puma", "puma"), "-C", File.join(dir, "puma.rb")]
         else raise ArgumentError, "unknown server #{kind}"
@@ -105,14 +107,14 @@ module Memkit
     # at any time, and a client may then retry an idempotent request on a new
     # connection. Before each reuse this client checks whether the server has
     # closed the connection (stale_reconnects); if the close races with the
-    # request, so that nothing at all comes back on a reused connection, it
-    # retries once on a new connection (retries_after_send). Anything else --
-    # a status other than 2xx, a partial response, an error on a fresh
-    # connection -- raises Failure.
+    # request, so that nothing at all comes back, it retries once on a new
+    # connection (retries_after_send on a reused connection, unanswered_fresh
+    # on a new one). Anything else -- a status other than 2xx, a partial
+    # response, a failed retry -- raises Failure.
     class KeepAliveClient
       class Failure < StandardError; end
 
-      attr_reader :stale_reconnects, :retries_after_send, :connections
+      attr_reader :stale_reconnects, :retries_after_send, :unanswered_fresh, :connections
 
       def initialize(port, timeout: 30)
         @port = port
@@ -120,6 +122,7 @@ module Memkit
         @sock = nil
         @stale_reconnects = 0
         @retries_after_send = 0
+        @unanswered_fresh = 0
         @connections = 0
       end
 
@@ -130,15 +133,20 @@ module Memkit
           response = roundtrip(path)
         rescue EOFError, Errno::ECONNRESET, Errno::EPIPE => e
           close
-          raise Failure, "GET #{path}: #{e.class} on a fresh connection" unless reused && !@got_bytes
+          raise Failure, "GET #{path}: #{e.class} after part of a response" if @got_bytes
 
-          @retries_after_send += 1
+          # Nothing came back: the server closed the connection without reading
+          # the request -- an idle keep-alive connection, or (Puma, when a worker
+          # shuts down) one accepted whose request had not arrived yet. Both
+          # are safe to retry for a GET (RFC 9110 section 9.2.2), as Net::HTTP
+          # does; they are counted apart.
+          reused ? @retries_after_send += 1 : @unanswered_fresh += 1
           ensure_connection
           begin
             response = roundtrip(path)
           rescue EOFError, SystemCallError, IOError => e2
             close
-            raise Failure, "GET #{path}: retry on a new connection failed: #{e2.class}: #{e2.message}"
+            raise Failure, "GET #{path}: #{e.class}, then the retry on a new connection failed: #{e2.class}: #{e2.message}"
           end
         end
         status, headers, _body = response

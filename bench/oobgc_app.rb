@@ -1,0 +1,73 @@
+# frozen_string_literal: true
+
+# The GC-heavy app for bench/oobgc.rb: a heap like a booted app's (long-lived
+# strings, hashes and arrays of several sizes), and requests that allocate
+# tens of thousands of short-lived objects each, as a page render does.
+require "json"
+
+module OobgcBench
+  ROWS = Integer(ENV.fetch("OOBGC_ROWS", "1500"))
+
+  # Long-lived objects, spread over several slot sizes.
+  RETAINED = Array.new(150_000) { |i| ["k#{i}", "value #{i} " * (1 + i % 6), { id: i, name: "n#{i}" }] }.freeze
+
+  def self.render
+    rows = Array.new(ROWS) do |i|
+      { "id" => i, "name" => "row #{i}", "tags" => %w[a b c].map { |t| "#{t}#{i}" }, "text" => "lorem ipsum " * (i % 8) }
+    end
+    JSON.generate(rows).bytesize.to_s
+  end
+
+  # Counts, independently of Memkit::OobGC, how many GC runs happen while a
+  # request is being served and how many in all; the workers write the figures
+  # to DIR/gc-PID.json when they exit. Touching DIR/reset zeroes them (checked
+  # every 0.2 s), so warm-up requests do not count. Single-threaded servers only.
+  class Probe
+    def initialize(app, dir)
+      @app = app
+      @dir = dir
+      @reset_seen = nil
+      @next_check = 0
+      zero
+      at_exit { write }
+    end
+
+    def call(env)
+      check_reset
+      before = GC.count
+      response = @app.call(env)
+      @inside += GC.count - before
+      @requests += 1
+      response
+    end
+
+    private
+
+    def zero
+      @base = GC.count
+      @base_time = GC.stat(:time)
+      @inside = 0
+      @requests = 0
+    end
+
+    def check_reset
+      now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      return if now < @next_check
+
+      @next_check = now + 0.2
+      mtime = File.mtime(File.join(@dir, "reset")) rescue nil
+      return if mtime.nil? || mtime == @reset_seen
+
+      @reset_seen = mtime
+      zero
+    end
+
+    def write
+      return if @requests.zero?
+
+      File.write(File.join(@dir, "gc-#{Process.pid}.json"),
+                 JSON.generate(requests: @requests, gc_total: GC.count - @base, gc_inside: @inside,
+                               gc_ms: GC.stat(:time) - @base_time))
+    end
+  end
+end

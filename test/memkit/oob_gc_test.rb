@@ -1,0 +1,176 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "json"
+require_relative "servers_helper"
+
+class OobGCTest < Minitest::Test
+  include Memkit::ServersHelper
+
+  # Long-lived objects of several sizes, as a booted app has: without them
+  # the heap is too small to hold one request (see OobGC's starved?).
+  RETAINED = Array.new(100_000) { |i| ["k#{i}", "v#{i}" * (1 + i % 5), [i]] }
+
+  ALLOCATING = lambda do |_env|
+    rows = Array.new(2_000) { |i| { "id" => i, "name" => "row #{i}", "tags" => %w[a b c].map { |t| t + i.to_s } } }
+    [200, { "content-type" => "text/plain" }, [rows.size.to_s]]
+  end
+
+  def setup
+    GC.start
+    Memkit::OobGC.reset_stats
+  end
+
+  def test_options
+    assert Memkit::OobGC.new(ALLOCATING)
+    assert_raises(Memkit::InvalidArgument) { Memkit::OobGC.new(ALLOCATING, headroom: 0.5) }
+    assert_raises(Memkit::InvalidArgument) { Memkit::OobGC.new(ALLOCATING, decay: 1) }
+    assert_raises(Memkit::Error) { Memkit::OobGC.new(ALLOCATING, headroom: "2") }
+  end
+
+  # The same app without the middleware collects inside requests; with it,
+  # at least 90% of GC runs move between requests, whichever hook the server
+  # offers.
+  def test_moves_gc_runs_out_of_requests
+    before = GC.count
+    serve(ALLOCATING, 200, hook: :none)
+    inside_without = GC.count - before
+    assert_operator inside_without, :>=, 5, "the request must allocate enough to start GCs"
+
+    %i[after_reply response_finished body_close].each do |hook|
+      Memkit::OobGC.reset_stats
+      serve(Memkit::OobGC.new(ALLOCATING), 200, hook: hook)
+      stats = Memkit::OobGC.stats
+      assert_equal 200, stats.requests, hook
+      assert_operator stats.oob_total, :>=, 5, "#{hook}: #{stats.to_h}"
+      assert_operator stats.outside_ratio, :>=, 0.9, "#{hook}: #{stats.to_h}"
+      assert_operator stats.oob_seconds, :>, 0
+    end
+  end
+
+  # Requests that keep what they allocate make old objects pile up until Ruby
+  # needs a major GC; the middleware runs that one between requests too.
+  def test_runs_the_major_gc_when_ruby_would
+    kept = []
+    leaky = lambda do |env|
+      kept << Array.new(3_000) { |i| "kept #{i}" }
+      kept.shift if kept.size > 60
+      ALLOCATING.call(env)
+    end
+    serve(Memkit::OobGC.new(leaky), 400, hook: :after_reply)
+    stats = Memkit::OobGC.stats
+    assert_operator stats.oob_major, :>=, 1, stats.to_h.inspect
+    assert_operator stats.outside_ratio, :>=, 0.9, stats.to_h.inspect
+  end
+
+  # While another request is in flight (a Puma thread), collecting would stop
+  # it: the middleware waits for an idle moment.
+  def test_never_collects_while_a_request_is_in_flight
+    middleware = Memkit::OobGC.new(ALLOCATING, headroom: 1_000_000) # always "due"
+    slow_env = { "rack.after_reply" => [] }
+    Memkit::OobGC.enter # a request that has started and not finished
+    count = GC.count
+    env = { "rack.after_reply" => [] }
+    middleware.call(env)
+    GC.disable
+    env["rack.after_reply"].each(&:call)
+    assert_equal 0, Memkit::OobGC.stats.oob_total
+    GC.enable
+    Memkit::OobGC.leave
+    middleware.call(slow_env)
+    slow_env["rack.after_reply"].each(&:call)
+    assert_operator Memkit::OobGC.stats.oob_total, :>=, 1
+    assert_operator GC.count, :>, count
+  end
+
+  def test_app_exceptions_do_not_leave_a_request_in_flight
+    failing = Memkit::OobGC.new(->(_env) { raise ArgumentError, "boom" })
+    assert_raises(ArgumentError) { failing.call({ "rack.after_reply" => [] }) }
+    env = { "rack.after_reply" => [] }
+    Memkit::OobGC.new(ALLOCATING, headroom: 1_000_000).call(env)
+    env["rack.after_reply"].each(&:call)
+    assert_operator Memkit::OobGC.stats.oob_total, :>=, 1, "an idle process must be seen as idle"
+  end
+
+  APP = <<~RUBY
+    require "memkit"
+    require "json"
+    RETAINED = Array.new(100_000) { |i| ["k\#{i}", "v\#{i}" * (1 + i % 5), [i]] }
+    use Memkit::OobGC
+    run lambda { |env|
+      case env["PATH_INFO"]
+      when "/stats" # slow, so that two at once reach both workers
+        sleep 0.3
+        next [200, { "content-type" => "application/json" }, [JSON.generate(Memkit::OobGC.stats.to_h.merge(pid: Process.pid))]]
+      when "/reset" # after warm-up
+        sleep 0.3
+        Memkit::OobGC.reset_stats
+        next [200, { "content-type" => "text/plain" }, [Process.pid.to_s]]
+      end
+      rows = Array.new(2_000) { |i| { "id" => i, "name" => "row \#{i}" } }
+      [200, { "content-type" => "text/plain" }, [rows.size.to_s]]
+    }
+  RUBY
+
+  # Real servers, 2 workers each: after warm-up, every worker ran GCs out of
+  # band and at least 90% of its GC runs were outside requests.
+  def test_on_real_unicorn_and_puma
+    %i[unicorn puma].each do |kind|
+      Dir.mktmpdir("memkit-oobgc") do |dir|
+        server = start_server(kind, APP, dir: dir, port: (@port = free_port))
+        begin
+          # Two clients at once, so that both workers get requests.
+          load = -> { both { |c| 200.times { c.get("/") } } }
+          load.call
+          reset = {}
+          wait_until(timeout: 20, message: "both #{kind} workers reset") do
+            both { |c| c.get("/reset")[2] }.each { |pid| reset[pid] = true }
+            reset.size == 2
+          end
+          load.call
+          stats = {}
+          wait_until(timeout: 20, message: "stats from both #{kind} workers") do
+            both { |c| JSON.parse(c.get("/stats")[2]) }.each { |st| stats[st["pid"]] = st }
+            stats.size == 2
+          end
+          stats.each_value do |s|
+            assert_operator s["oob_minor"] + s["oob_major"], :>=, 1, "#{kind}: #{s}"
+            inside = s["inside_minor"] + s["inside_major"]
+            assert_operator inside, :<=, (s["oob_minor"] + s["oob_major"] + inside) * 0.1, "#{kind}: #{s}"
+          end
+        ensure
+          stop_server(server)
+        end
+      end
+    end
+  end
+
+  private
+
+  # Runs the block with a new keep-alive client in each of two threads at
+  # once; returns what the blocks returned.
+  def both(&block)
+    Array.new(2) do
+      Thread.new do
+        client = Memkit::ServersHelper::KeepAliveClient.new(@port)
+        block.call(client)
+      ensure
+        client&.close
+      end
+    end.map(&:value)
+  end
+
+  # Plays the server: calls the app, then the after-response hook it asked for.
+  def serve(app, requests, hook:)
+    requests.times do
+      env = {}
+      env["rack.after_reply"] = [] if hook == :after_reply
+      env["rack.response_finished"] = [] if hook == :response_finished
+      status, headers, body = app.call(env)
+      body.each { |_| nil }
+      body.close if body.respond_to?(:close)
+      env["rack.after_reply"]&.each(&:call)
+      env["rack.response_finished"]&.each { |h| h.call(env, status, headers, nil) }
+    end
+  end
+end
