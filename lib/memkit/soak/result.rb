@@ -72,8 +72,9 @@ module Memkit
 
       def self.from_h(h)
         h = h.transform_keys(&:to_sym)
+        sites = h[:attribution]&.map { |s| Attribution::Site.new(**s.transform_keys(&:to_sym)) }
         new(**h.slice(:target, :mode, :pid, :requests, :warmup, :sample_every, :samples, :seconds, :min_leak,
-                      :gc_seconds, :malloc_source, :http_errors, :label))
+                      :gc_seconds, :malloc_source, :http_errors, :label), attribution: sites)
       end
 
       private

@@ -28,13 +28,14 @@ module Memkit
 
       def label = @uri.to_s
 
-      # Serves n requests split over the connections; returns n.
+      # Serves n requests split over the connections; returns n. Responses
+      # with a 5xx status are counted in #errors.
       def drive(n)
         per = Array.new(@concurrency) { |i| n / @concurrency + (i < n % @concurrency ? 1 : 0) }
         threads = per.each_with_index.map do |count, i|
-          Thread.new { count.times { request(i) } }
+          Thread.new { count.times.count { !request(i) } }
         end
-        threads.each(&:join)
+        @errors += threads.sum(&:value)
         n
       end
 
@@ -49,12 +50,13 @@ module Memkit
         http = (@connections[i] ||= connect)
         response = http.request(Net::HTTP::Get.new(@uri.request_uri, "Connection" => "keep-alive"))
         response.body
-        @errors += 1 if response.code.to_i >= 500
+        response.code.to_i < 500
       rescue IOError, SystemCallError, Net::ReadTimeout, Net::OpenTimeout, EOFError => e
         # A worker killed mid-request (a memory limit doing its job) drops the
-        # connection: reconnect once, then give up with the reason.
+        # connection: reconnect and carry on, unless it keeps happening.
         @connections[i] = nil
-        raise Error, "#{label}: #{e.message}" if (@retries = (@retries || 0) + 1) > 100
+        retries = (retries || 0) + 1
+        raise Error, "#{label}: #{e.message} (#{retries} times in a row)" if retries > 20
 
         retry
       end
