@@ -107,6 +107,14 @@ class SoakTest < Minitest::Test
     end
   end
 
+  def test_without_the_rack_gem_a_config_ru_is_one_clear_line
+    env = { "RUBYOPT" => nil, "BUNDLE_GEMFILE" => nil, "GEM_PATH" => "/nonexistent/memkit-gems", "GEM_HOME" => "/nonexistent/memkit-gems" }
+    out, err, status = Open3.capture3(env, RbConfig.ruby, "--disable-gems", EXE, "soak", fixture("leak.ru"), "--requests", "100")
+    assert_equal 1, status.exitstatus, err
+    assert_empty out
+    assert_equal ["memkit: memkit soak leak.ru needs the rack gem (add it to your Gemfile, or soak a URL with --pid)\n"], err.lines
+  end
+
   def test_bad_options_are_usage_errors
     [["--requests", "0"], ["--sample-every", "5000"], ["--warmup", "20000"], ["--plot", "/tmp/x.png"],
      ["--compare", "nonsense"], ["--compare", "je:LD_PRELOAD=/nonexistent/libjemalloc.so"],
