@@ -6,16 +6,19 @@
 # 200,000 requests, rss sampled every 1,000 as in the seed. Writes one chart
 # with the four curves and prints the verdicts.
 #
-#   bundle exec ruby -Ilib bench/soak_seed002.rb [--requests N] [--svg docs/soak_seed002.svg] [--html FILE]
+#   bundle exec ruby -Ilib bench/soak_seed002.rb [--requests N] [--svg docs/soak_seed002.svg] [--html FILE] [--json FILE]
 require "optparse"
 require "memkit"
 require "memkit/cli"
+require "json"
 
 requests = 200_000
 svg = File.expand_path("../docs/soak_seed002.svg", __dir__)
 html = nil
+json = nil
 OptionParser.new do |o|
   o.on("--requests N", Integer) { |v| requests = v }
+  o.on("--json FILE", "also save every run's result") { |v| json = v }
   o.on("--svg FILE") { |v| svg = v }
   o.on("--html FILE") { |v| html = v }
 end.parse!(ARGV)
@@ -59,6 +62,7 @@ puts format("final rss grow/reuse: glibc %.2f, jemalloc %.2f",
             by["glibc grow"].samples.last.rss.fdiv(by["glibc reuse"].samples.last.rss),
             by["jemalloc grow"].samples.last.rss.fdiv(by["jemalloc reuse"].samples.last.rss))
 title = "seed 002 in Ruby: compiled code per request, grow vs reuse, glibc vs jemalloc"
+Memkit::Soak::AtomicFile.write(json, JSON.generate(results.map(&:to_h))) if json
 Memkit::Soak::AtomicFile.write(svg, Memkit::Soak::Chart.svg(results, title: title)) if svg
 Memkit::Soak::AtomicFile.write(html, Memkit::Soak::Chart.html(results, title: title)) if html
-puts "wrote #{[svg, html].compact.join(' and ')}"
+puts "wrote #{[svg, html, json].compact.join(', ')}"

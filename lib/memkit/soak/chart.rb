@@ -39,7 +39,7 @@ module Memkit
           parts << %(<line x1="#{px[t]}" y1="#{HEIGHT - BOTTOM}" x2="#{px[t]}" y2="#{HEIGHT - BOTTOM + 5}" stroke="#333"/>)
           parts << %(<text x="#{px[t]}" y="#{HEIGHT - BOTTOM + 19}" text-anchor="middle">#{count(t)}</text>)
         end
-        ticks(y_lo, y_hi).each do |t|
+        byte_ticks(y_lo, y_hi).each do |t|
           parts << %(<line x1="#{LEFT}" y1="#{py[t]}" x2="#{WIDTH - RIGHT}" y2="#{py[t]}" stroke="#e5e5e5"/>)
           parts << %(<text x="#{LEFT - 8}" y="#{py[t] + 4}" text-anchor="end">#{esc(Units.human(t.round))}</text>)
         end
@@ -115,6 +115,13 @@ module Memkit
         span = hi - lo
         span = [hi.abs * 0.01, 1024 * 1024.0].max if span < 1
         [lo - span * 0.08, hi + span * 0.08]
+      end
+
+      # Byte axes tick at round numbers of MiB (or KiB for small spans), so the
+      # labels read 280 MiB rather than 286.1 MiB.
+      def byte_ticks(lo, hi)
+        unit = hi - lo >= 1024 * 1024 ? 1024 * 1024 : 1024
+        ticks(lo / unit, hi / unit).map { |t| t * unit }
       end
 
       # About five round tick values between lo and hi: steps of 1, 2 or 5 x 10^k.
