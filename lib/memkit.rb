@@ -31,7 +31,7 @@ module Memkit
   # Resident set size in bytes, from /proc/PID/statm: a few microseconds,
   # cheap enough for every request. Counts shared pages in full.
   def rss(pid = Process.pid)
-    pid = ProcFS.pid!(pid) unless pid.is_a?(Integer)
+    pid = ProcFS.pid!(pid) unless pid.is_a?(Integer) && pid.positive?
     statm = File.read("/proc/#{pid}/statm")
     space = statm.index(" ") or raise ParseError, "/proc/#{pid}/statm: #{statm.inspect[0, 40]}"
     statm[space + 1, 20].to_i * ProcFS::PAGE_SIZE
