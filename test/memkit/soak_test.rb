@@ -36,8 +36,8 @@ class SoakTest < Minitest::Test
   end
 
   def test_text_output_has_the_plot_verdict_and_attribution
-    out, err, status = memkit("soak", fixture("leak_objects.ru"), "--requests", "2000", "--sample-every", "20")
-    assert status.success?, err
+    out, err, status = memkit("soak", fixture("leak_objects.ru"), "--requests", "2000", "--sample-every", "20", "--fail-on-leak")
+    assert_equal 3, status.exitstatus, "--fail-on-leak: #{err}"
     assert_match(/^verdict: leak: grows \d+ B\/request/, out)
     assert_match(/^bytes_per_request: \d+/, out)
     assert_match(/\|\s*\*+/, out, "terminal plot")
@@ -47,13 +47,14 @@ class SoakTest < Minitest::Test
   def test_progress_bar_with_eta_only_on_a_terminal
     output = +""
     PTY.spawn(RbConfig.ruby, EXE, "soak", fixture("churn.ru"), "--requests", "1500", "--sample-every", "10",
-              "--no-attribute") do |r, _w, pid|
+              "--no-attribute", "--fail-on-leak") do |r, _w, pid|
       begin
         r.each_char { |c| output << c }
       rescue Errno::EIO
         nil # the child closed the terminal
       end
       Process.wait(pid)
+      assert_equal 0, $?.exitstatus, "a plateau passes --fail-on-leak"
     end
     assert_match(%r{\[#*\.*\]\s+\d+% \d+/1500 .*ETA \d+:\d\d}, output)
     assert_match(/verdict: plateau/, output)
