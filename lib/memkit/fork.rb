@@ -7,7 +7,7 @@ module Memkit
   # `require "memkit/fork"`: every fork prepares the heap first.
   #
   # Ruby 3.1 added Process._fork, the one method that Kernel#fork,
-  # Process.fork, Kernel.fork, IO.popen("-") and Process.daemon all call,
+  # Process.fork, Kernel.fork and IO.popen("-") all call,
   # documented as the place for monitoring libraries to hook. memkit prepends
   # to it, so no fork path is missed and none is prepared twice. The work is
   # Memkit::Warmup.run, which is a no-op while the heap has not changed since
@@ -68,6 +68,16 @@ module Memkit
       end
     end
 
+    # Process.daemon does not call Process._fork where libc has daemon(3)
+    # (Ruby 3.1-3.3 on Linux call it directly), so it is prepared here too;
+    # where it does go through _fork the second call finds nothing changed.
+    module Daemon
+      def daemon(*args, **kwargs)
+        Memkit::Fork.before_fork
+        super
+      end
+    end
+
     # fork(cow_friendly: false) / fork(nakayoshi: false); other arguments are
     # passed on untouched so errors stay Ruby's own.
     module Options
@@ -89,6 +99,7 @@ module Memkit
     end
 
     Process.singleton_class.prepend(Hook)
+    Process.singleton_class.prepend(Daemon)
     Process.singleton_class.prepend(Options)
     Kernel.singleton_class.prepend(Options)
     Kernel.prepend(KernelOptions)

@@ -26,16 +26,18 @@ module Memkit
   # can both call it before the same fork without doing the work twice.
   module Warmup
     DEFAULTS = { force: false, threshold: 10_000, max_gcs: 8, promote: true, coderange: true,
-                 compact: :auto, trim: true, process_warmup: :auto }.freeze
+                 compact: :auto, trim: true, fill: false, process_warmup: :auto }.freeze
 
     # What a run did. Durations in seconds, sizes in bytes.
     Report = Struct.new(:skipped, :reason, :duration, :steps, :gc_runs, :young_before, :young_after,
-                        :slots_freed, :pages_freed, :bytes_trimmed, :rss_before, :rss_after,
+                        :slots_freed, :pages_freed, :bytes_trimmed, :slots_filled, :bytes_filled, :rss_before, :rss_after,
                         keyword_init: true) do
       def to_h = super.merge(steps: steps.dup)
     end
 
     @state = nil
+    @last_report = nil
+    @runs = 0
     @lock = Mutex.new
 
     class << self
@@ -51,8 +53,17 @@ module Memkit
         opts = validate(options)
         return Report.new(skipped: true, reason: :locked, duration: 0.0, steps: [], gc_runs: 0) if @lock.owned?
 
-        @lock.synchronize { perform(opts) }
+        @lock.synchronize do
+          @last_report = perform(opts)
+          @runs += 1 unless @last_report.skipped
+          @last_report
+        end
       end
+
+      # The report of the latest call, and how many calls did work, in this
+      # process (a forked child inherits its parent's): for a worker to show
+      # how its master was prepared.
+      attr_reader :last_report, :runs
 
       # Allocations since the last run, or nil when there was none in this
       # heap. Used by memkit/fork to decide in microseconds.
@@ -63,6 +74,8 @@ module Memkit
       # Forget the last run, so the next one does all the work.
       def reset!
         @state = nil
+        @last_report = nil
+        @runs = 0
       end
 
       def young_objects
@@ -80,7 +93,7 @@ module Memkit
         raise InvalidArgument, "unknown warmup option#{'s' if unknown.size > 1}: #{unknown.join(', ')} (known: #{DEFAULTS.keys.join(', ')})" unless unknown.empty?
 
         opts = DEFAULTS.merge(options)
-        %i[force promote coderange trim].each do |key|
+        %i[force promote coderange trim fill].each do |key|
           raise InvalidArgument, "warmup #{key}: must be true or false, not #{opts[key].inspect}" unless [true, false].include?(opts[key])
         end
         %i[compact process_warmup].each do |key|
@@ -126,6 +139,8 @@ module Memkit
           steps << :trim
           bytes_trimmed = trimmed
         end
+        slots_filled, bytes_filled = fill(opts[:max_gcs]) if opts[:fill]
+        steps << :fill if opts[:fill]
         after = GC.stat
         @state = GC.stat(:total_allocated_objects)
         Report.new(skipped: false, reason: opts[:force] ? :forced : (since ? :changed : :first),
@@ -134,7 +149,8 @@ module Memkit
                    young_after: after[:heap_live_slots] - after[:old_objects],
                    slots_freed: [before[:heap_live_slots] - after[:heap_live_slots], 0].max,
                    pages_freed: [before[:heap_allocated_pages] - after[:heap_allocated_pages], 0].max,
-                   bytes_trimmed: bytes_trimmed, rss_before: rss_before, rss_after: rss)
+                   bytes_trimmed: bytes_trimmed, slots_filled: slots_filled.to_i, bytes_filled: bytes_filled.to_i,
+                   rss_before: rss_before, rss_after: rss)
       end
 
       def process_warmup?(opts)
@@ -162,6 +178,62 @@ module Memkit
           old = now
         end
         true
+      end
+
+      # The child allocates into whatever free space the parent left: each
+      # free object slot and each free malloc chunk sits in a page the child
+      # shares, and writing into it copies the page. Filling that space with
+      # objects and chunks that live forever sends the child's allocations to
+      # fresh pages instead. It costs nothing the parent was not already
+      # holding: the slots and chunks were resident (trim ran first).
+      def fill(max_gcs)
+        slots = GC.stat(:heap_free_slots)
+        (@filled ||= []) << Array.new(slots) { Object.new }
+        # The fillers are young: age them like everything else.
+        [max_gcs, 4].min.times { GC.start(full_mark: false, immediate_sweep: true) }
+        [slots, fill_malloc_holes]
+      end
+
+      # glibc only, and only where mallinfo2's struct comes back through a
+      # hidden pointer argument as Fiddle calls it (x86-64 System V).
+      # Mallocs of falling sizes until one comes from the top chunk, which is
+      # fresh memory: everything before it came from a hole.
+      def fill_malloc_holes
+        fns = malloc_functions or return 0
+        info = mallinfo2(fns)
+        top_start = fns[:sbrk].call(0).to_i - info[9]
+        filled = 0
+        [65_536, 16_384, 4096, 1024, 256, 64, 16].each do |size|
+          loop do
+            address = fns[:malloc].call(size).to_i
+            break if address.zero? || address >= top_start - 64
+
+            filled += size
+          end
+        end
+        filled
+      end
+
+      def mallinfo2(fns)
+        buffer = Fiddle::Pointer.malloc(80, Fiddle::RUBY_FREE)
+        fns[:mallinfo2].call(buffer)
+        buffer[0, 80].unpack("Q10")
+      end
+
+      def malloc_functions
+        return @malloc_functions if defined?(@malloc_functions)
+
+        @malloc_functions =
+          begin
+            raise LoadError unless RbConfig::CONFIG["host_cpu"] == "x86_64" && malloc_trim_function
+
+            libc = Fiddle::Handle::DEFAULT
+            { malloc: Fiddle::Function.new(libc["malloc"], [Fiddle::TYPE_SIZE_T], Fiddle::TYPE_VOIDP),
+              sbrk: Fiddle::Function.new(libc["sbrk"], [Fiddle::TYPE_LONG], Fiddle::TYPE_VOIDP),
+              mallinfo2: Fiddle::Function.new(libc["mallinfo2"], [Fiddle::TYPE_VOIDP], Fiddle::TYPE_VOID) }
+          rescue LoadError, StandardError
+            nil
+          end
       end
 
       # String#ascii_only? computes the coderange and caches it in the header.
@@ -203,6 +275,7 @@ module Memkit
         @malloc_trim =
           begin
             require "fiddle"
+            require "rbconfig"
             Fiddle::Function.new(Fiddle::Handle::DEFAULT["malloc_trim"], [Fiddle::TYPE_SIZE_T], Fiddle::TYPE_INT)
           rescue LoadError, StandardError
             nil

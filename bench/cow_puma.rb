@@ -1,0 +1,22 @@
+# frozen_string_literal: true
+
+# Puma (cluster) config for bench/cow_app.ru. COW_MEMKIT says how the master
+# prepares for fork (any combination, joined with "+"):
+#   none    nothing        plugin  plugin :memkit
+#   hook    before_fork { Memkit.warmup }
+#   fill    before_fork { Memkit.warmup(fill: true) }
+#   fork    require "memkit/fork"
+$LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
+require "memkit"
+
+mode = ENV.fetch("COW_MEMKIT", "none").split("+")
+workers Integer(ENV.fetch("COW_WORKERS", "4"))
+threads 1, 1
+bind "tcp://127.0.0.1:#{ENV.fetch('COW_PORT', '9292')}"
+preload_app!
+rackup File.expand_path("cow_app.ru", __dir__)
+worker_timeout 300
+require "memkit/fork" if mode.include?("fork")
+plugin :memkit if mode.include?("plugin")
+before_fork { Memkit.warmup } if mode.include?("hook")
+before_fork { Memkit.warmup(fill: true) } if mode.include?("fill")

@@ -1,0 +1,187 @@
+# frozen_string_literal: true
+
+# Copy-on-write on real servers: boots bench/cow_app.ru on Unicorn and on
+# Puma (cluster) with 4 workers, once per way of preparing the master, sends
+# each worker N requests over 127.0.0.1, has every worker run a full GC, then
+# measures each worker's sharing with its master with memkit (pagemap frames)
+# and cross-checks with smem (shared = rss - uss).
+#
+#   bundle exec ruby bench/cow_servers.rb [--requests 2000] [--scale 1]
+#       [--servers unicorn,puma] [--modes none,hook,fill]
+#
+# test/memkit/servers_fork_test.rb uses CowServers with small numbers.
+$LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
+require "memkit"
+require "memkit/cow"
+require "net/http"
+require "json"
+require "socket"
+require "rbconfig"
+
+module CowServers
+  ROOT = File.expand_path("..", __dir__)
+  CONFIGS = { "unicorn" => "cow_unicorn.rb", "puma" => "cow_puma.rb" }.freeze
+
+  Server = Struct.new(:name, :mode, :pid, :port, :log, keyword_init: true)
+
+  module_function
+
+  def free_port
+    server = TCPServer.new("127.0.0.1", 0)
+    server.addr[1]
+  ensure
+    server&.close
+  end
+
+  # Boots a server in the background; returns once all workers answer.
+  def start(name, mode, port: free_port, workers: 4, scale: 1.0, log: nil, timeout: 120)
+    log ||= File.join(Dir.tmpdir, "memkit-cow-#{name}-#{port}.log")
+    config = File.join(ROOT, "bench", CONFIGS.fetch(name))
+    argv = if name == "unicorn"
+             [RbConfig.ruby, Gem.bin_path("unicorn", "unicorn"), "-c", config, File.join(ROOT, "bench", "cow_app.ru")]
+           else
+             [RbConfig.ruby, Gem.bin_path("puma", "puma"), "-C", config]
+           end
+    env = { "COW_MEMKIT" => mode, "COW_PORT" => port.to_s, "COW_WORKERS" => workers.to_s, "COW_APP_SCALE" => scale.to_s }
+    pid = Process.spawn(env, *argv, chdir: ROOT, out: log, err: log, pgroup: true)
+    server = Server.new(name: name, mode: mode, pid: pid, port: port, log: log)
+    deadline = now + timeout
+    until worker_pids(server).size == workers && get(port, "/memkit")
+      raise "#{name} (#{mode}) did not boot in #{timeout}s; log #{log}:\n#{File.read(log)[-2000..]}" if now > deadline || !alive?(pid)
+
+      sleep 0.2
+    end
+    server
+  end
+
+  def stop(server)
+    return unless server
+
+    Process.kill(:QUIT, server.pid) rescue nil
+    deadline = now + 20
+    sleep 0.1 while alive?(server.pid) && now < deadline && !Process.wait(server.pid, Process::WNOHANG)
+    Process.kill(:KILL, -server.pid) rescue nil
+    Process.wait(server.pid) rescue nil
+  end
+
+  def alive?(pid)
+    Process.kill(0, pid)
+    true
+  rescue Errno::ESRCH
+    false
+  end
+
+  def worker_pids(server)
+    Memkit::Cow.children(server.pid)
+  end
+
+  def get(port, path)
+    Net::HTTP.start("127.0.0.1", port, open_timeout: 5, read_timeout: 60) { |http| http.get(path).body }
+  rescue SystemCallError, Net::OpenTimeout, EOFError, IOError
+    nil
+  end
+
+  # Sends requests from `clients` threads until every worker has served at
+  # least `per_worker` (each response names its pid and its count).
+  def drive(server, per_worker, clients: 8, timeout: 600)
+    counts = Hash.new(0)
+    lock = Mutex.new
+    deadline = now + timeout
+    done = -> { lock.synchronize { counts.size >= worker_pids(server).size && counts.values.min >= per_worker } }
+    Array.new(clients) do
+      Thread.new do
+        Net::HTTP.start("127.0.0.1", server.port, read_timeout: 60) do |http|
+          until done.call || now > deadline
+            body = http.get("/").body
+            m = body.match(/\Apid=(\d+) count=(\d+)/) or next
+            pid, count = m[1].to_i, m[2].to_i
+            lock.synchronize { counts[pid] = [counts[pid], count].max }
+          end
+        end
+      rescue SystemCallError, EOFError, IOError, Net::ReadTimeout
+        retry unless done.call || now > deadline
+      end
+    end.each(&:join)
+    raise "workers did not reach #{per_worker} requests in #{timeout}s: #{counts}" unless done.call
+
+    counts
+  end
+
+  # /gc holds its worker for `hold` seconds after its GC, so concurrent
+  # calls land on distinct workers; repeats until every worker has run one.
+  def gc_all(server, hold: 1.0, timeout: 120)
+    want = worker_pids(server)
+    seen = {}
+    deadline = now + timeout
+    until (want - seen.keys).empty?
+      raise "not every worker ran /gc in #{timeout}s: #{seen.keys} of #{want}" if now > deadline
+
+      Array.new(want.size) { Thread.new { get(server.port, "/gc?hold=#{hold}") } }.each do |t|
+        pid = t.value.to_s[/\Apid=(\d+)/, 1]
+        seen[pid.to_i] = true if pid
+      end
+    end
+    seen.keys
+  end
+
+  # memkit's exact figures, and smem's (rss - uss) over the master's rss.
+  def measure(server)
+    cow = Memkit::Cow.read(server.pid)
+    smem = smem_shared(server.pid, cow.workers.map(&:pid))
+    { master_rss: cow.master_rss, method: cow.method,
+      workers: cow.workers.map do |w|
+        { pid: w.pid, shared_pct: w.shared_pct, private_dirty: w.private_dirty,
+          smem_shared_pct: smem[:workers][w.pid] && (100.0 * smem[:workers][w.pid] / smem[:master]).round(2) }
+      end }
+  end
+
+  def smem_shared(master, workers)
+    out = IO.popen(["smem", "-H", "-c", "pid uss rss", "-P", "."], err: File::NULL, &:read)
+    rows = out.lines.to_h { |l| pid, uss, rss = l.split.map(&:to_i); [pid, [uss, rss]] }
+    { master: rows.dig(master, 1).to_i * 1024,
+      workers: workers.to_h { |pid| uss, rss = rows[pid]; [pid, rss && (rss - uss) * 1024] } }
+  rescue SystemCallError
+    { master: 1, workers: {} }
+  end
+
+  def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+  def main(argv)
+    require "optparse"
+    opts = { requests: 2000, scale: 1.0, servers: %w[unicorn puma], modes: nil }
+    OptionParser.new do |o|
+      o.on("--requests N", Integer) { |v| opts[:requests] = v }
+      o.on("--scale X", Float) { |v| opts[:scale] = v }
+      o.on("--servers LIST", Array) { |v| opts[:servers] = v }
+      o.on("--modes LIST", Array) { |v| opts[:modes] = v }
+    end.parse!(argv)
+    puts "cow_servers: ruby #{RUBY_VERSION}, #{opts[:requests]} requests per worker, app scale #{opts[:scale]}, 4 workers"
+    rows = []
+    opts[:servers].each do |name|
+      modes = opts[:modes] || (name == "puma" ? %w[none plugin plugin+fork fill] : %w[none hook hook+fork fill])
+      modes.each do |mode|
+        server = start(name, mode, scale: opts[:scale])
+        begin
+          drive(server, opts[:requests])
+          gc_all(server)
+          m = measure(server)
+          shared = m[:workers].map { |w| w[:shared_pct] }
+          smem = m[:workers].map { |w| w[:smem_shared_pct] }.compact
+          rows << [name, mode, Memkit::Units.human(m[:master_rss]), format("%.1f", shared.min), format("%.1f", shared.sum / shared.size),
+                   smem.empty? ? "-" : format("%.1f", smem.min),
+                   Memkit::Units.human(m[:workers].sum { |w| w[:private_dirty] } / m[:workers].size)]
+        ensure
+          stop(server)
+        end
+      end
+    end
+    puts Memkit::CLI.table(%w[server mode master_rss min_shared% mean_shared% smem_min_shared% worker_priv_dirty], rows, left: [0, 1])
+    puts "shared% = pages each worker maps on the same physical frame as its master / master rss (memkit, pagemap)"
+    puts "smem shared% = (worker rss - worker uss) / master rss"
+  end
+end
+
+if $PROGRAM_NAME == __FILE__
+  require "memkit/cli"
+  CowServers.main(ARGV)
+end

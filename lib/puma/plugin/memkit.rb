@@ -1,0 +1,33 @@
+# frozen_string_literal: true
+
+require "puma/plugin"
+require "memkit"
+
+# `plugin :memkit` in config/puma.rb (cluster mode, with preload_app!): the
+# master runs Memkit.warmup once the app is loaded and before it forks the
+# workers, and again before each refork when fork_worker is on. Both go
+# through Puma's public hooks (before_fork, before_refork); together with
+# `require "memkit/fork"` the fork itself finds the heap prepared and does
+# nothing twice.
+#
+# For warmup options, skip the plugin and write the hook yourself:
+#   before_fork { Memkit.warmup(fill: true) }
+Puma::Plugin.create do
+  def start(launcher)
+    @log_writer = launcher.log_writer if launcher.respond_to?(:log_writer)
+  end
+
+  # Puma calls config(dsl) for plugins loaded by `plugin :name`.
+  def config(dsl)
+    dsl.before_fork { warmup("before_fork") }
+    dsl.before_refork { warmup("before_refork") } if dsl.respond_to?(:before_refork)
+  end
+
+  def warmup(hook)
+    report = Memkit.warmup
+    return if report.skipped || @log_writer.nil?
+
+    @log_writer.log format("* memkit: heap prepared for fork (%s) in %.0f ms: %s; young objects %d -> %d",
+                           hook, report.duration * 1000, report.steps.join(", "), report.young_before, report.young_after)
+  end
+end

@@ -1,0 +1,142 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "objspace"
+require "json"
+
+class WarmupTest < Minitest::Test
+  def setup
+    Memkit::Warmup.reset!
+  end
+
+  def test_first_run_promotes_young_objects_and_reports
+    kept = Array.new(50_000) { Object.new }
+    refute old?(kept.last), "a new object starts young"
+
+    report = Memkit.warmup
+    refute report.skipped
+    assert_equal :first, report.reason
+    assert report.duration >= 0
+    assert report.gc_runs >= 1
+    assert report.young_before > report.young_after, report.to_h.inspect
+    assert old?(kept.last), "warmup leaves surviving objects old"
+    if Process.respond_to?(:warmup)
+      assert_equal [:process_warmup], report.steps
+    else
+      assert_includes report.steps, :promote
+      assert_includes report.steps, :coderange
+    end
+    %i[slots_freed pages_freed].each { |key| assert_kind_of Integer, report[key] }
+    assert_kind_of Integer, report.bytes_trimmed
+  end
+
+  def test_second_run_with_nothing_changed_is_a_no_op
+    Memkit.warmup
+    count = GC.count
+    report = Memkit.warmup
+    assert report.skipped
+    assert_equal :unchanged, report.reason
+    assert_equal count, GC.count, "a skipped warmup must not run the GC"
+    assert_equal [], report.steps
+  end
+
+  def test_runs_again_after_enough_allocations_and_when_forced
+    Memkit.warmup(threshold: 1_000)
+    kept = Array.new(5_000) { +"x" }
+    report = Memkit.warmup(threshold: 1_000)
+    refute report.skipped
+    assert_equal :changed, report.reason
+    assert old?(kept.last)
+
+    forced = Memkit.warmup(force: true)
+    refute forced.skipped
+    assert_equal :forced, forced.reason
+  end
+
+  def test_gc_disabled_state_is_preserved
+    GC.disable
+    report = Memkit.warmup(force: true)
+    refute report.skipped
+    assert_equal true, GC.enable, "GC must still be disabled after warmup"
+    assert_equal false, GC.disable, "and enabled stays enabled"
+  ensure
+    GC.enable
+  end
+
+  def test_each_step_can_be_turned_off
+    report = Memkit.warmup(force: true, process_warmup: false, promote: false, coderange: false,
+                           compact: false, trim: false)
+    assert_equal [], report.steps
+    assert_equal 1, report.gc_runs, "only the final full GC"
+
+    report = Memkit.warmup(force: true, process_warmup: false, compact: false, trim: false)
+    assert_equal %i[promote coderange], report.steps
+  end
+
+  def test_compact_and_trim_where_available
+    skip "no GC.compact on this Ruby" unless GC.respond_to?(:compact)
+
+    report = Memkit.warmup(force: true, process_warmup: false, compact: true)
+    assert_includes report.steps, :compact
+    if Memkit::Warmup.malloc_trim_available?
+      assert_includes report.steps, :trim
+      assert report.bytes_trimmed >= 0
+    end
+  end
+
+  def test_invalid_options_raise_invalid_argument
+    [{ speed: 1 }, { force: "yes" }, { threshold: -1 }, { max_gcs: 1.5 }, { compact: :maybe }].each do |opts|
+      error = assert_raises(Memkit::InvalidArgument, opts.inspect) { Memkit.warmup(**opts) }
+      assert_match(/#{opts.keys.first}/, error.message)
+    end
+    return if Process.respond_to?(:warmup)
+
+    assert_raises(Memkit::InvalidArgument) { Memkit.warmup(process_warmup: true) }
+  end
+
+  def test_concurrent_calls_from_threads_do_the_work_once
+    Array.new(20_000) { Object.new }.tap { |a| $warmup_test_keep = a }
+    reports = Array.new(4) { Thread.new { Memkit.warmup } }.map(&:value)
+    assert_equal 1, reports.count { |r| !r.skipped }, reports.map(&:reason).inspect
+  ensure
+    $warmup_test_keep = nil
+  end
+
+  # The reason the coderange step exists, measured: a child asking shared
+  # strings for their encoding properties writes to their headers unless
+  # the parent already did.
+  def test_coderange_step_keeps_string_checks_in_the_child_from_dirtying_pages
+    skip "needs /proc/PID/smaps_rollup" unless linux?
+
+    without = child_dirty_after_string_checks(coderange: false)
+    with = child_dirty_after_string_checks(coderange: true)
+    assert with * 4 < without, "private dirty growth: with coderange #{with}, without #{without}"
+  end
+
+  private
+
+  def old?(object)
+    JSON.parse(ObjectSpace.dump(object)).dig("flags", "old") == true
+  end
+
+  def child_dirty_after_string_checks(coderange:)
+    code = <<~RUBY
+      require "memkit"
+      $s = Array.new(200_000) { |i| format("%030d", i).force_encoding(Encoding::UTF_8) }
+      Memkit.warmup(force: true, process_warmup: false, compact: false, coderange: #{coderange})
+      r, w = IO.pipe
+      pid = fork do
+        before = Memkit.memory.private_dirty
+        $s.each(&:ascii_only?)
+        w.puts(Memkit.memory.private_dirty - before)
+        exit!(0)
+      end
+      w.close
+      puts r.read
+      Process.wait(pid)
+    RUBY
+    out, err, status = Open3.capture3(RbConfig.ruby, "-I", File.join(ROOT, "lib"), "-e", code)
+    assert status.success?, err
+    Integer(out.strip)
+  end
+end
