@@ -1,0 +1,254 @@
+# frozen_string_literal: true
+
+module Memkit
+  # Runs jobs in reused fibers.
+  #
+  # Since Ruby 2.7 the VM keeps finished fibers' stacks in its own pool, so
+  # `Fiber.new { job }.resume` is already cheap; what is left to save is
+  # creating the Fiber object, its VM context and its first frame for every
+  # job. A FiberPool keeps a few fibers parked in a loop and hands each job to
+  # one of them.
+  #
+  #   pool = Memkit::FiberPool.new(max_idle: 8, max: 1024)
+  #   pool.run(request) { |req| handle(req) }   # => the block's value
+  #
+  # What a job sees is what it would see in a fresh fiber:
+  # * an exception raised by the job is re-raised by #run (with the job's
+  #   backtrace), and the fiber goes back to the pool;
+  # * fiber-locals (Thread.current[:x] is per fiber) start empty and are
+  #   cleared when the job ends, so they never reach the next job;
+  # * Fiber storage (Fiber[:x], Ruby 3.2+) starts as a copy of the caller's,
+  #   as Fiber.new gives it, and is cleared when the job ends;
+  # * a job that suspends its fiber (a Fiber scheduler waiting for IO or a
+  #   sleep, or an explicit Fiber.yield) keeps that fiber until it finishes.
+  #
+  # A pool belongs to the thread that created it (a fiber cannot be resumed
+  # from another thread: #run raises Memkit::Error) and to its process: a
+  # forked child drops the idle fibers it inherited and makes its own.
+  #
+  # `max` bounds live fibers (idle plus busy). One thread needs more than one
+  # fiber only while jobs nest or stay suspended, so running out means `max`
+  # jobs are suspended at once: #run raises FiberPool::Exhausted instead of
+  # blocking, because nothing on this thread could free a fiber while it
+  # waited. Fibers beyond `max_idle` end when their job does.
+  class FiberPool
+    # Raised by #run when `max` fibers are busy.
+    class Exhausted < Error; end
+
+    # Fiber storage (Fiber[] / Fiber#storage) exists from Ruby 3.2.
+    STORAGE = ::Fiber.respond_to?(:[])
+
+    # Every pool, weakly, so that a fork child can make each drop the fibers
+    # it copied from its parent.
+    POOLS = ObjectSpace::WeakMap.new
+    private_constant :POOLS
+
+    # Process._fork (Ruby 3.1+) is the hook Ruby provides for libraries that
+    # must notice fork. Checking Process.pid in #run instead would cost a
+    # getpid syscall on every job, about as much as the fiber switch itself.
+    module ForkHook
+      def _fork
+        pid = super
+        POOLS.each_value { |pool| pool.__send__(:after_fork) } if pid.zero?
+        pid
+      end
+    end
+    private_constant :ForkHook
+    Process.singleton_class.prepend(ForkHook)
+
+    attr_reader :max_idle, :max
+
+    def initialize(max_idle: 8, max: 1024)
+      @max_idle = integer_option(:max_idle, max_idle, min: 0)
+      @max = integer_option(:max, max, min: 1)
+      raise InvalidArgument, "FiberPool max_idle (#{max_idle}) must not exceed max (#{max})" if @max_idle > @max
+
+      @thread = Thread.current
+      @hot = nil # the most recently parked fiber, kept out of @idle: cheaper
+      @idle = []
+      @live = 0
+      @storage = @done = nil
+      @failed = false
+      @waiting = nil # {fiber => Thread::Queue} for callers waiting under a scheduler
+      POOLS[self] = self
+    end
+
+    # Runs the block with args in a pooled fiber and returns its value, or
+    # raises what it raised.
+    #
+    # The job and its arguments go in as resume's arguments and the value
+    # comes out as Fiber.yield's, never through the pool's instance variables:
+    # storing young objects in an old pool would take the GC write barrier's
+    # slow path on every job. Only @done (the fiber, set just before it yields
+    # back) and @failed say what the value is.
+    def run(*args, &job)
+      raise InvalidArgument, "FiberPool#run needs a block" unless job
+
+      if (fiber = @hot)
+        @hot = nil
+      else
+        fiber = @idle.pop || spawn
+      end
+      @storage = ::Fiber.current.storage if STORAGE
+      begin
+        value = fiber.resume(job, args)
+      rescue FiberError
+        raise unless foreign_thread?(fiber)
+      end
+      if @done.equal?(fiber)
+        @done = nil
+        return value unless @failed
+
+        @failed = false
+        raise value
+      end
+      suspended(fiber, value)
+    end
+
+    # Fibers alive now: idle ones plus those running (or suspended in) a job.
+    def size = @live
+
+    def idle = @idle.size + (@hot ? 1 : 0)
+
+    def busy = size - idle
+
+    def inspect
+      "#<#{self.class.name} live=#{size} idle=#{idle} max_idle=#{max_idle} max=#{max}>"
+    end
+
+    private
+
+    def integer_option(name, value, min:)
+      return value if value.is_a?(Integer) && value >= min
+
+      raise InvalidArgument, "FiberPool #{name}: expected an Integer >= #{min}, got #{value.inspect}"
+    end
+
+    # In a fork child: forget the idle fibers copied from the parent; the VM
+    # frees their stacks with the objects. Busy ones stay counted: the job
+    # that called fork runs in one of them and may finish here. Only the
+    # forking thread survives fork, so it becomes the owner.
+    def after_fork
+      @live -= idle
+      @hot = nil
+      @idle = []
+      @waiting = nil
+      @thread = Thread.current
+    end
+
+    def owner!
+      return if Thread.current.equal?(@thread)
+
+      raise Error, "FiberPool belongs to #{@thread.inspect} and was used from #{Thread.current.inspect}: " \
+                   "fibers cannot move between threads, so create one pool per thread"
+    end
+
+    # Ruby refused to resume the fiber because it belongs to another thread.
+    # The fiber never ran: park it again and say what happened.
+    def foreign_thread?(fiber)
+      return false if Thread.current.equal?(@thread)
+
+      @storage = nil
+      @idle.push(fiber)
+      owner!
+    end
+
+    def spawn
+      owner!
+      raise Exhausted, "FiberPool: all #{@max} fibers are busy (max: #{@max}): that many jobs are nested or suspended" if @live >= @max
+
+      @live += 1
+      fiber = nil
+      fiber = ::Fiber.new do |job, args|
+        thread = Thread.current
+        clear_storage if STORAGE # Fiber.new copied its creator's storage
+        while true # rubocop:disable Style/InfiniteLoop -- no block call per job
+          if STORAGE && (storage = @storage)
+            @storage = nil
+            storage.each { |key, value| ::Fiber[key] = value }
+          end
+          begin
+            value = job.call(*args)
+          rescue Exception => e # rubocop:disable Lint/RescueException -- the caller gets all the job raised, as inline
+            value = e
+            @failed = true
+          end
+          job = args = nil
+          keys = thread.keys
+          keys.each { |key| thread[key] = nil } unless keys.empty?
+          clear_storage if STORAGE
+          # Park the fiber (inline: this runs for every job), or let it end.
+          if @hot.nil? && @max_idle.positive?
+            @hot = fiber
+            keep = true
+          elsif (keep = @idle.size + 1 < @max_idle)
+            @idle.push(fiber)
+          else
+            @live -= 1
+          end
+          if @waiting && (queue = @waiting.delete(fiber))
+            # Our caller waits on a queue (see #suspended): hand it the
+            # outcome there, then yield to whoever resumed us, the scheduler.
+            @waiting = nil if @waiting.empty?
+            queue.push([@failed, value])
+            @failed = false
+            break unless keep
+
+            job, args = ::Fiber.yield
+          else
+            @done = fiber
+            break value unless keep
+
+            job, args = ::Fiber.yield(value)
+          end
+        end
+      end
+    end
+
+    def clear_storage
+      ::Fiber.current.storage&.each_key { |key| ::Fiber[key] = nil }
+    end
+
+    # The job suspended its fiber before finishing. The fiber stays with the
+    # job (it is not idle) until the job is done; meanwhile #run waits the way
+    # the job would have waited inline.
+    def suspended(fiber, value)
+      unless fiber.alive?
+        @live -= 1
+        raise Error, "FiberPool: a job ended its own fiber (Fiber#kill?) before returning"
+      end
+
+      if ::Fiber.scheduler
+        if ::Fiber.current.blocking?
+          raise Error, "FiberPool: the job is waiting on the Fiber scheduler, but #run was called from a blocking " \
+                       "fiber, which cannot wait for it; call #run inside Fiber.schedule { }"
+        end
+        # The scheduler resumes the job's fiber itself, not us. Wait on a
+        # queue, which the scheduler understands, until the job finishes.
+        queue = (@waiting ||= {})[fiber] = Thread::Queue.new
+        failed, value = queue.pop
+        raise value if failed
+
+        return value
+      end
+
+      # No scheduler: the job yielded a value to our caller, as an inline
+      # Fiber.yield would. Pass it on, and pass the reply back in.
+      until @done.equal?(fiber)
+        begin
+          reply = ::Fiber.yield(value)
+        rescue FiberError => e
+          # Inline, Fiber.yield from the root fiber raises inside the job.
+          value = fiber.raise(e)
+          next
+        end
+        value = fiber.resume(reply)
+      end
+      @done = nil
+      return value unless @failed
+
+      @failed = false
+      raise value
+    end
+  end
+end
