@@ -16,6 +16,7 @@ require "memkit/cow"
 require "net/http"
 require "json"
 require "socket"
+require "tmpdir"
 require "rbconfig"
 
 module CowServers
