@@ -112,7 +112,6 @@ module Memkit
       @per_heap = GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
       @stat = {}
       @rate = nil # per-request growth estimates, set after the first request
-      @before = nil
     end
 
     def call(env)
@@ -234,8 +233,11 @@ module Memkit
       GC.stat(@stat)
       # A minor GC that leaves less than the minimum free share of the heap
       # makes Ruby's next GC a major one ("nofree"), which is also how Ruby
-      # grows a tight heap. Better now, between requests, than in the next one.
-      if kind == :minor && @stat[:heap_free_slots] + @stat[:heap_final_slots].to_i < @stat[:heap_available_slots] * MIN_FREE_RATIO
+      # grows a tight heap. Better now, between requests, than in the next
+      # one. Ruby 3.3 says so (per size pool); older Rubies are asked the
+      # same question for the heap as a whole.
+      if kind == :minor && (GC.latest_gc_info[:need_major_by] ||
+                            @stat[:heap_free_slots] + @stat[:heap_final_slots].to_i < @stat[:heap_available_slots] * MIN_FREE_RATIO)
         collect(:major)
         GC.stat(@stat)
       end
