@@ -3,9 +3,15 @@
 module Memkit
   module Soak
     # Which allocation sites keep objects alive: trace allocations for a
-    # window of requests, serve as many again untraced (so short-lived objects
-    # and cache entries that get evicted have time to go), run a full GC, and
-    # group the traced objects still alive by file:line and class.
+    # window of requests, note the traced objects that survive a full GC,
+    # serve as many requests again untraced (so cache entries that get
+    # evicted have time to go), run a full GC, and group the noted objects
+    # still alive by file:line and class.
+    #
+    # Survivors are held in an ObjectSpace::WeakMap, not looked up by
+    # allocation info after tracing stops: once tracing is off, Ruby no
+    # longer drops the info of freed objects, and a new object in a reused
+    # slot would be reported with the dead one's file and line.
     #
     # Runs after the measured requests, never during them: tracing costs a
     # table entry per object, which would show up as growth in the curve.
@@ -21,30 +27,36 @@ module Memkit
         require "objspace"
         class_of = Kernel.instance_method(:class)
         own = File.expand_path("../..", __dir__)
+        noted = ObjectSpace::WeakMap.new
+        keys = {}
         GC.start
         ObjectSpace.trace_object_allocations_start
         begin
           driver.drive(window)
+          GC.start
+          ObjectSpace.each_object do |obj|
+            file = ObjectSpace.allocation_sourcefile(obj) or next
+            next if file.start_with?(own)
+
+            site = [file, ObjectSpace.allocation_sourceline(obj), class_of.bind_call(obj).name || "(anonymous)"]
+            noted[obj] = (keys[site] ||= site.freeze)
+          end
         ensure
           ObjectSpace.trace_object_allocations_stop
+          ObjectSpace.trace_object_allocations_clear
         end
         driver.drive(window)
         GC.start
         sites = Hash.new { |h, k| h[k] = [0, 0] }
-        ObjectSpace.each_object do |obj|
-          file = ObjectSpace.allocation_sourcefile(obj) or next
-          next if file.start_with?(own)
-
-          entry = sites[[file, ObjectSpace.allocation_sourceline(obj), class_of.bind_call(obj).name || "(anonymous)"]]
+        noted.each do |obj, site|
+          entry = sites[site]
           entry[0] += 1
           entry[1] += ObjectSpace.memsize_of(obj)
         end
         sites.sort_by { |_, (_, bytes)| -bytes }.first(top).map do |(file, line, klass), (count, bytes)|
           Site.new(site: "#{file}:#{line}", class_name: klass, count: count, bytes: bytes,
-                   per_request: (bytes.fdiv(window)).round(1))
+                   per_request: bytes.fdiv(window).round(1))
         end
-      ensure
-        ObjectSpace.trace_object_allocations_clear if defined?(ObjectSpace.trace_object_allocations_clear)
       end
     end
   end
