@@ -70,5 +70,9 @@ class SoakVerdictTest < Minitest::Test
     top = r[:attribution].first
     assert_match(%r{fixtures/soak/leak_objects\.ru:9\z}, top[:site])
     assert_equal "Hash", top[:class_name]
+    # Exactly one retained Hash per request of the 600-request traced window,
+    # and nothing from the response line (whose objects all died).
+    assert_equal 600, top[:count]
+    refute r[:attribution].any? { |s| s[:site].end_with?("leak_objects.ru:10") }, r[:attribution].inspect
   end
 end
