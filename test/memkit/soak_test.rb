@@ -101,6 +101,10 @@ class SoakTest < Minitest::Test
       assert_equal 1, err.lines.size, err
       assert_match(/nothing listens on 127\.0\.0\.1:#{port}/, err)
 
+      _, err, status = memkit("soak", "http://127.0.0.1:#{port}/", "--pid", Process.pid, "--compare", "a2:MALLOC_ARENA_MAX=2")
+      assert_equal 2, status.exitstatus
+      assert_match(/--compare needs a config.ru target/, err)
+
       _, err, status = memkit("soak", "http://example.com/", "--pid", Process.pid)
       assert_equal 2, status.exitstatus
       assert_match(/only drives servers on 127\.0\.0\.1/, err)
