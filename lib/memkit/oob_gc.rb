@@ -234,14 +234,20 @@ module Memkit
       # A minor GC that leaves less than the minimum free share of the heap
       # makes Ruby's next GC a major one ("nofree"), which is also how Ruby
       # grows a tight heap. Better now, between requests, than in the next
-      # one. Ruby 3.3 says so (per size pool); older Rubies are asked the
-      # same question for the heap as a whole.
-      if kind == :minor && (GC.latest_gc_info[:need_major_by] ||
-                            @stat[:heap_free_slots] + @stat[:heap_final_slots].to_i < @stat[:heap_available_slots] * MIN_FREE_RATIO)
+      # one. Ruby 3.3 says so (need_major_by, its rule works per size pool);
+      # for older Rubies the same rule is applied to the heap as a whole.
+      if kind == :minor && major_next?
         collect(:major)
         GC.stat(@stat)
       end
       @starved_at = slots_short?(@rate[0], 1.0) ? @stat[:heap_available_slots] : nil
+    end
+
+    def major_next?
+      info = GC.latest_gc_info
+      return info[:need_major_by] if info.key?(:need_major_by)
+
+      @stat[:heap_free_slots] + @stat[:heap_final_slots].to_i < @stat[:heap_available_slots] * MIN_FREE_RATIO
     end
 
     def collect(kind)

@@ -33,15 +33,15 @@ class OobGCTest < Minitest::Test
   # offers.
   def test_moves_gc_runs_out_of_requests
     before = GC.count
-    serve(ALLOCATING, 200, hook: :none)
+    serve(ALLOCATING, 150, hook: :none)
     inside_without = GC.count - before
     assert_operator inside_without, :>=, 5, "the request must allocate enough to start GCs"
 
     %i[after_reply response_finished body_close].each do |hook|
       Memkit::OobGC.reset_stats
-      serve(Memkit::OobGC.new(ALLOCATING), 200, hook: hook)
+      serve(Memkit::OobGC.new(ALLOCATING), 150, hook: hook)
       stats = Memkit::OobGC.stats
-      assert_equal 200, stats.requests, hook
+      assert_equal 150, stats.requests, hook
       assert_operator stats.oob_total, :>=, 5, "#{hook}: #{stats.to_h}"
       assert_operator stats.outside_ratio, :>=, 0.9, "#{hook}: #{stats.to_h}"
       assert_operator stats.oob_seconds, :>, 0
@@ -57,7 +57,7 @@ class OobGCTest < Minitest::Test
       kept.shift if kept.size > 60
       ALLOCATING.call(env)
     end
-    serve(Memkit::OobGC.new(leaky), 400, hook: :after_reply)
+    serve(Memkit::OobGC.new(leaky), 250, hook: :after_reply)
     stats = Memkit::OobGC.stats
     assert_operator stats.oob_major, :>=, 1, stats.to_h.inspect
     assert_operator stats.outside_ratio, :>=, 0.9, stats.to_h.inspect
@@ -120,7 +120,7 @@ class OobGCTest < Minitest::Test
         server = start_server(kind, APP, dir: dir, port: (@port = free_port))
         begin
           # Two clients at once, so that both workers get requests.
-          load = -> { both { |c| 200.times { c.get("/") } } }
+          load = -> { both { |c| 100.times { c.get("/") } } }
           load.call
           reset = {}
           wait_until(timeout: 20, message: "both #{kind} workers reset") do
