@@ -14,7 +14,8 @@ require "digest"
 # request reads shared records and strings (string methods that compute the
 # coderange), renders a template, builds a JSON body and allocates garbage.
 #
-#   GET /          a page; the body starts with "pid=PID count=N"
+#   GET /          a page; the body starts with "pid=PID count=N"; once a
+#                  worker has served COW_APP_REQUESTS it answers without work
 #   GET /gc        a full GC in the worker that takes it, then holds it busy
 #                  for ?hold=SECONDS, so concurrent /gc reach distinct workers
 module CowApp
@@ -50,6 +51,7 @@ module CowApp
       generate_methods((3_000 * [scale, 1].min).to_i)
       garbage.clear
       @count = 0
+      @limit = ENV["COW_APP_REQUESTS"]&.then { |n| Integer(n) }
       self
     end
 
@@ -73,6 +75,8 @@ module CowApp
       return gc(env) if path == "/gc"
       return memkit if path == "/memkit"
 
+      return full if @limit && @count >= @limit
+
       @count += 1
       rng = Random.new(@count)
       record = @by_id[rng.rand(@records.size)]
@@ -86,6 +90,13 @@ module CowApp
       body << "\n" << Templates.public_send(:"helper_#{@count % 3000 % Templates.singleton_methods.size}", matches)
       body << " " << tagged.size.to_s << " " << record["sku"].upcase
       [200, { "content-type" => "text/plain" }, [body]]
+    end
+
+    # A worker that has served COW_APP_REQUESTS answers without working,
+    # and slowly, so that the other workers accept the next connections.
+    def full
+      sleep 0.02
+      [200, { "content-type" => "text/plain" }, ["pid=#{Process.pid} count=#{@count} full\n"]]
     end
 
     # How this worker's master was prepared, as JSON.

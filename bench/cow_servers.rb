@@ -35,7 +35,7 @@ module CowServers
   end
 
   # Boots a server in the background; returns once all workers answer.
-  def start(name, mode, port: free_port, workers: 4, scale: 1.0, log: nil, timeout: 120)
+  def start(name, mode, port: free_port, workers: 4, scale: 1.0, requests: nil, log: nil, timeout: 120)
     log ||= File.join(Dir.tmpdir, "memkit-cow-#{name}-#{port}.log")
     config = File.join(ROOT, "bench", CONFIGS.fetch(name))
     argv = if name == "unicorn"
@@ -43,7 +43,8 @@ module CowServers
            else
              [RbConfig.ruby, Gem.bin_path("puma", "puma"), "-C", config]
            end
-    env = { "COW_MEMKIT" => mode, "COW_PORT" => port.to_s, "COW_WORKERS" => workers.to_s, "COW_APP_SCALE" => scale.to_s }
+    env = { "COW_MEMKIT" => mode, "COW_PORT" => port.to_s, "COW_WORKERS" => workers.to_s, "COW_APP_SCALE" => scale.to_s,
+            "COW_APP_REQUESTS" => requests&.to_s }
     pid = Process.spawn(env, *argv, chdir: ROOT, out: log, err: log, pgroup: true)
     server = Server.new(name: name, mode: mode, pid: pid, port: port, log: log)
     deadline = now + timeout
@@ -161,7 +162,7 @@ module CowServers
     opts[:servers].each do |name|
       modes = opts[:modes] || (name == "puma" ? %w[none plugin plugin+fork fill] : %w[none hook hook+fork fill])
       modes.each do |mode|
-        server = start(name, mode, scale: opts[:scale])
+        server = start(name, mode, scale: opts[:scale], requests: opts[:requests])
         begin
           drive(server, opts[:requests])
           gc_all(server)

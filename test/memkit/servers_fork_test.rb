@@ -13,7 +13,7 @@ class ServersForkTest < Minitest::Test
   REQUESTS = 60
 
   def boot(name, mode)
-    server = CowServers.start(name, mode, port: free_port, scale: SCALE)
+    server = CowServers.start(name, mode, port: free_port, scale: SCALE, requests: REQUESTS)
     yield server
   ensure
     CowServers.stop(server)
