@@ -3,7 +3,8 @@
 # Out-of-band GC on real servers: Unicorn and Puma (cluster), 2 workers each,
 # a GC-heavy app (bench/oobgc_app.rb), driven by wrk.
 #
-#   bundle exec ruby bench/oobgc.rb [--duration 10] [--pace 10] [--connections 4] [--rounds 1]
+#   bundle exec ruby -Ilib bench/oobgc.rb [--duration 10] [--pace 40] [--connections 4] [--rounds 1]
+#                                         [--servers unicorn,puma] [--modes none,memkit,...]
 #
 # Modes, side by side on each server:
 #   none              no out-of-band GC
@@ -15,7 +16,8 @@
 #
 # Two loads per mode, each on a freshly booted server after a warm-up:
 #   paced      each wrk connection waits --pace ms between a response and its
-#              next request, so workers have idle moments as in production;
+#              next request, so workers have idle moments as in production
+#              (about half busy with the defaults);
 #              gives latency and where GC ran (inside vs outside requests)
 #   saturated  no pause: the most requests per second the workers can serve
 #
@@ -37,7 +39,7 @@ module OobgcBenchRunner
   PACE = File.expand_path("oobgc_pace.lua", __dir__)
 
   def run(argv)
-    opts = { duration: 10, pace: 10, connections: 4, rounds: 1, warmup: 3, servers: %i[unicorn puma] }
+    opts = { duration: 10, pace: 40, connections: 4, rounds: 1, warmup: 3, servers: %i[unicorn puma], modes: nil }
     OptionParser.new do |o|
       o.on("--duration S", Integer) { |v| opts[:duration] = v }
       o.on("--pace MS", Integer) { |v| opts[:pace] = v }
@@ -45,6 +47,7 @@ module OobgcBenchRunner
       o.on("--rounds N", Integer) { |v| opts[:rounds] = v }
       o.on("--warmup S", Integer) { |v| opts[:warmup] = v }
       o.on("--servers LIST", Array) { |v| opts[:servers] = v.map(&:to_sym) }
+      o.on("--modes LIST", Array) { |v| opts[:modes] = v }
     end.parse!(argv)
     abort "wrk not found (apt install wrk)" unless system("command -v wrk >/dev/null")
 
@@ -54,6 +57,8 @@ module OobgcBenchRunner
     opts[:rounds].times do
       opts[:servers].each do |server|
         MODES.fetch(server).each do |mode|
+          next if opts[:modes] && !opts[:modes].include?(mode)
+
           %i[paced saturated].each { |load| results[[server, mode, load]] << measure(server, mode, load, opts) }
         end
       end
@@ -157,6 +162,8 @@ module OobgcBenchRunner
       (MODES.fetch(server) - ["memkit"]).each do |other|
         o_paced = get.(server, other, :paced)
         o_sat = get.(server, other, :saturated)
+        next unless o_paced && o_sat
+
         puts format("  %-7s vs %-16s p99 paced %.2fx, p99 saturated %.2fx, throughput saturated %.2fx, throughput paced %.2fx",
                     server, other, mk_paced[:p99] / o_paced[:p99], mk_sat[:p99] / o_sat[:p99],
                     mk_sat[:rps] / o_sat[:rps], mk_paced[:rps] / o_paced[:rps])
