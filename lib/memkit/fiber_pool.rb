@@ -67,8 +67,9 @@ module Memkit
       @hot = nil # the most recently parked fiber, kept out of @idle: cheaper
       @idle = []
       @live = 0
-      @storage = @done = nil
-      @failed = false
+      @args = @storage = nil
+      @done = @failed = false
+      @keep_hot = @max_idle.positive?
       @waiting = nil # {fiber => Thread::Queue} for callers waiting under a scheduler
       POOLS[self] = self
     end
@@ -76,11 +77,14 @@ module Memkit
     # Runs the block with args in a pooled fiber and returns its value, or
     # raises what it raised.
     #
-    # The job and its arguments go in as resume's arguments and the value
-    # comes out as Fiber.yield's, never through the pool's instance variables:
-    # storing young objects in an old pool would take the GC write barrier's
-    # slow path on every job. Only @done (the fiber, set just before it yields
-    # back) and @failed say what the value is.
+    # The job goes in as resume's one argument and its value comes out as
+    # Fiber.yield's; a second resume argument would make Fiber.yield build an
+    # array, and `job.call(*args)` with no args still pays for the splat,
+    # together a third of a bare switch. Arguments, when there are any, wait
+    # in @args. @done (set by the fiber just before it yields back; nested
+    # and interleaved jobs clear it before anything else can run) and @failed
+    # say what the value is. Identity checks and predicates cost a method
+    # call each here, so the flags are plain booleans.
     def run(*args, &job)
       raise InvalidArgument, "FiberPool#run needs a block" unless job
 
@@ -89,14 +93,15 @@ module Memkit
       else
         fiber = @idle.pop || spawn
       end
+      @args = args unless args.empty?
       @storage = ::Fiber.current.storage if STORAGE
       begin
-        value = fiber.resume(job, args)
+        value = fiber.resume(job)
       rescue FiberError
         raise unless foreign_thread?(fiber)
       end
-      if @done.equal?(fiber)
-        @done = nil
+      if @done
+        @done = false
         return value unless @failed
 
         @failed = false
@@ -148,7 +153,7 @@ module Memkit
     def foreign_thread?(fiber)
       return false if Thread.current.equal?(@thread)
 
-      @storage = nil
+      @args = @storage = nil
       @idle.push(fiber)
       owner!
     end
@@ -159,7 +164,7 @@ module Memkit
 
       @live += 1
       fiber = nil
-      fiber = ::Fiber.new do |job, args|
+      fiber = ::Fiber.new do |job|
         thread = Thread.current
         clear_storage if STORAGE # Fiber.new copied its creator's storage
         while true # rubocop:disable Style/InfiniteLoop -- no block call per job
@@ -168,7 +173,12 @@ module Memkit
             storage.each { |key, value| ::Fiber[key] = value }
           end
           begin
-            value = job.call(*args)
+            if (args = @args)
+              @args = nil
+              value = job.call(*args)
+            else
+              value = job.call
+            end
           rescue Exception => e # rubocop:disable Lint/RescueException -- the caller gets all the job raised, as inline
             value = e
             @failed = true
@@ -178,7 +188,7 @@ module Memkit
           keys.each { |key| thread[key] = nil } unless keys.empty?
           clear_storage if STORAGE
           # Park the fiber (inline: this runs for every job), or let it end.
-          if @hot.nil? && @max_idle.positive?
+          if !@hot && @keep_hot
             @hot = fiber
             keep = true
           elsif (keep = @idle.size + 1 < @max_idle)
@@ -194,12 +204,12 @@ module Memkit
             @failed = false
             break unless keep
 
-            job, args = ::Fiber.yield
+            job = ::Fiber.yield
           else
-            @done = fiber
+            @done = true
             break value unless keep
 
-            job, args = ::Fiber.yield(value)
+            job = ::Fiber.yield(value)
           end
         end
       end
@@ -234,7 +244,7 @@ module Memkit
 
       # No scheduler: the job yielded a value to our caller, as an inline
       # Fiber.yield would. Pass it on, and pass the reply back in.
-      until @done.equal?(fiber)
+      until @done
         begin
           reply = ::Fiber.yield(value)
         rescue FiberError => e
@@ -244,7 +254,7 @@ module Memkit
         end
         value = fiber.resume(reply)
       end
-      @done = nil
+      @done = false
       return value unless @failed
 
       @failed = false

@@ -47,6 +47,9 @@ module Memkit
       end
 
       def run
+        # First, while this process has made no fibers: the VM keeps finished
+        # fibers' stacks, so a child forked later would reuse them for free.
+        count = count_in_child(@fibers)
         rates = Hash.new { |h, k| h[k] = [] }
         pool = FiberPool.new
         @rounds.times do
@@ -54,7 +57,6 @@ module Memkit
           VM_SHAPES.each { |shape| rates[shape] << rate(@jobs) { vm_loop(shape, @jobs) } }
         end
         medians = rates.transform_values { |v| median(v) }
-        count = count_in_child(@fibers)
         report = {
           ruby: RUBY_DESCRIPTION, rounds: @rounds, jobs: @jobs,
           per_second: medians.transform_values(&:round),
@@ -107,7 +109,7 @@ module Memkit
       end
 
       # In a child, so the fibers' memory does not stay in this process (on
-      # builds whose fiber pool never returns stacks, it would not go away).
+      # builds whose fiber pool keeps finished stacks, it would never go away).
       def count_in_child(n)
         reader, writer = IO.pipe
         pid = fork do
