@@ -1,0 +1,35 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "json"
+
+# memkit bench fiber, run small: the report's shape, not its speed.
+class BenchFiberTest < Minitest::Test
+  def test_json_report_has_every_shape_ratios_and_the_live_fiber_count
+    out, err, status = memkit("bench", "fiber", "--rounds", "1", "--jobs", "2000", "--fibers", "300", "--json")
+    assert status.success?, err
+    report = JSON.parse(out)
+    assert_equal RUBY_DESCRIPTION, report["ruby"]
+    assert_equal %w[allocate bare new pool reuse switch], report["per_second"].keys.sort
+    report["per_second"].each_value { |rate| assert_operator rate, :>, 0 }
+    ratio = report["per_second"]["pool"].fdiv(report["per_second"]["new"])
+    assert_in_delta ratio, report["ratios"]["pool_vs_new"], 0.01
+    count = report["count"]
+    assert_equal 300, count["fibers"]
+    # Each suspended fiber holds a stack mapping above a guard page, and at
+    # least one page of it is resident.
+    assert_operator count["mappings_per_fiber"], :>=, 1.0
+    assert_operator count["rss_per_fiber"], :>=, 4096
+    assert_operator count["address_space_per_fiber"], :>=, RubyVM::DEFAULT_PARAMS[:fiber_machine_stack_size]
+  end
+
+  def test_text_report_prints_ratios_and_rejects_bad_options
+    out, err, status = memkit("bench", "fiber", "--rounds", "1", "--jobs", "1000", "--fibers", "100")
+    assert status.success?, err
+    assert_match(%r{^pool/new \d+\.\d+x   bare/new \d+\.\d+x}, out)
+    assert_match(/^vm.max_map_count #{File.read('/proc/sys/vm/max_map_count').to_i} allows about \d+ live fibers/, out)
+    _out, err, status = memkit("bench", "fiber", "--rounds", "0")
+    assert_equal 2, status.exitstatus
+    assert_match(/positive/, err)
+  end
+end
