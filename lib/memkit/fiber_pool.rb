@@ -95,6 +95,8 @@ module Memkit
       end
       @args = args unless args.empty?
       @storage = ::Fiber.current.storage if STORAGE
+      # Stale only if someone else resumed a suspended job to its end.
+      @done = false
       begin
         value = fiber.resume(job)
       rescue FiberError

@@ -219,6 +219,16 @@ class FiberPoolTest < Minitest::Test
     assert_equal 2, @pool.idle
   end
 
+  def test_a_job_finished_by_someone_else_does_not_confuse_the_next_one
+    captured = nil
+    first = Fiber.new { @pool.run { captured = Fiber.current; Fiber.yield(:paused); :finished } } # rubocop:disable Style/Semicolon
+    assert_equal :paused, first.resume
+    assert_equal :finished, captured.resume, "a third party ran the job to its end"
+    second = Fiber.new { @pool.run { Fiber.yield(:again); :second } }
+    assert_equal :again, second.resume
+    assert_equal :second, second.resume, "the second job's own Fiber.yield was not taken for its end"
+  end
+
   def test_a_job_yielding_from_the_root_fiber_gets_fibers_error_inside_the_job
     seen = @pool.run do
       Fiber.yield :nowhere
