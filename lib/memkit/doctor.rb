@@ -26,7 +26,7 @@ module Memkit
 
     # Variables copied from the target into the probe: the ones that change
     # how Ruby and malloc lay out memory.
-    PROBE_ENV = /\A(RUBY_(GC|FIBER|THREAD|SHARED_FIBER)_|MALLOC_|GLIBC_TUNABLES\z|LD_PRELOAD\z|RUBY_YJIT_ENABLE\z)/
+    PROBE_ENV = /\A(RUBY_(GC|FIBER|THREAD|SHARED_FIBER)_|MALLOC_|GLIBC_TUNABLES\z|LD_PRELOAD\z|LD_LIBRARY_PATH\z|RUBY_YJIT_ENABLE\z)/
 
     attr_reader :pid
 
