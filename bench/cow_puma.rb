@@ -5,7 +5,7 @@
 # nakayoshi_fork gem, puma_old = 4 minor GCs + GC.compact in before_fork):
 #   none    nothing        plugin  plugin :memkit
 #   hook    before_fork { Memkit.warmup }
-#   fill    before_fork { Memkit.warmup(fill: true) }
+#   nofill  before_fork { Memkit.warmup(fill: false) }
 #   fork    require "memkit/fork"
 #   process_warmup  before_fork { Process.warmup } (Ruby 3.3+, the anchor)
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
@@ -22,7 +22,7 @@ require "memkit/fork" if mode.include?("fork")
 require "nakayoshi_fork" if mode.include?("nakayoshi") # the anchor gem: minor GCs before every fork
 plugin :memkit if mode.include?("plugin")
 before_fork { Memkit.warmup } if mode.include?("hook")
-before_fork { Memkit.warmup(fill: true) } if mode.include?("fill")
+before_fork { Memkit.warmup(fill: false) } if mode.include?("nofill")
 before_fork { Process.warmup } if mode.include?("process_warmup")
 if mode.include?("puma_old") # what Puma's nakayoshi_fork option did before it was removed
   before_fork do

@@ -7,7 +7,7 @@
 # and cross-checks with smem (shared = rss - uss).
 #
 #   bundle exec ruby bench/cow_servers.rb [--requests 2000] [--scale 1]
-#       [--servers unicorn,puma] [--modes none,hook,fill]
+#       [--servers unicorn,puma] [--modes none,nakayoshi,puma_old,hook,nofill]
 #
 # test/memkit/servers_fork_test.rb uses CowServers with small numbers.
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
@@ -160,7 +160,7 @@ module CowServers
     puts "cow_servers: ruby #{RUBY_VERSION}, #{opts[:requests]} requests per worker, app scale #{opts[:scale]}, 4 workers"
     rows = []
     opts[:servers].each do |name|
-      modes = opts[:modes] || (name == "puma" ? %w[none plugin plugin+fork fill] : %w[none hook hook+fork fill])
+      modes = opts[:modes] || (name == "puma" ? %w[none nakayoshi puma_old plugin plugin+fork] : %w[none nakayoshi puma_old hook hook+fork])
       modes.each do |mode|
         server = start(name, mode, scale: opts[:scale], requests: opts[:requests])
         begin

@@ -21,10 +21,11 @@ class WarmupTest < Minitest::Test
     assert report.young_before > report.young_after, report.to_h.inspect
     assert old?(kept.last), "warmup leaves surviving objects old"
     if Process.respond_to?(:warmup)
-      assert_equal [:process_warmup], report.steps
+      assert_equal %i[process_warmup fill], report.steps
     else
       assert_includes report.steps, :promote
       assert_includes report.steps, :coderange
+      assert_includes report.steps, :fill
     end
     %i[slots_freed pages_freed].each { |key| assert_kind_of Integer, report[key] }
     assert_kind_of Integer, report.bytes_trimmed
@@ -65,11 +66,11 @@ class WarmupTest < Minitest::Test
 
   def test_each_step_can_be_turned_off
     report = Memkit.warmup(force: true, process_warmup: false, promote: false, coderange: false,
-                           compact: false, trim: false)
+                           compact: false, trim: false, fill: false)
     assert_equal [], report.steps
     assert_equal 1, report.gc_runs, "only the final full GC"
 
-    report = Memkit.warmup(force: true, process_warmup: false, compact: false, trim: false)
+    report = Memkit.warmup(force: true, process_warmup: false, compact: false, trim: false, fill: false)
     assert_equal %i[promote coderange], report.steps
   end
 

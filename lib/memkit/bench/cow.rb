@@ -23,16 +23,16 @@ module Memkit
         "puma_old" => "Puma's old nakayoshi_fork option: 4 minor GCs + GC.compact once",
         "process_warmup" => "Process.warmup once (Ruby 3.3+)",
         "warmup" => "Memkit.warmup once before forking",
-        "warmup_fill" => "Memkit.warmup(fill: true) once before forking",
+        "warmup_nofill" => "Memkit.warmup(fill: false) once before forking",
         "memkit_fork" => "require \"memkit/fork\" (adaptive hook on every fork)",
         "floor" => "brute force: 10 full GCs, GC.compact, full GC, malloc_trim (the floor)"
       }.freeze
       STEP_MODES = {
-        "step:promote" => { coderange: false, compact: false, trim: false },
-        "step:+coderange" => { compact: false, trim: false },
-        "step:+compact" => { trim: false },
-        "step:+trim" => {},
-        "step:+fill" => { fill: true }
+        "step:promote" => { process_warmup: false, coderange: false, compact: false, trim: false, fill: false },
+        "step:+coderange" => { process_warmup: false, compact: false, trim: false, fill: false },
+        "step:+compact" => { process_warmup: false, trim: false, fill: false },
+        "step:+trim" => { process_warmup: false, fill: false },
+        "step:+fill" => { process_warmup: false }
       }.freeze
       APP = File.expand_path("../../../bench/cow_app.rb", __dir__)
 
@@ -194,7 +194,7 @@ module Memkit
 
         def prepare
           case @mode
-          when "plain", "floor", "process_warmup", "puma_old", "warmup", "warmup_fill" then nil
+          when "plain", "floor", "process_warmup", "puma_old", "warmup", "warmup_nofill" then nil
           when "nakayoshi" then require "nakayoshi_fork"
           when "memkit_fork" then require "memkit/fork"
           when /\Astep:/ then Memkit.warmup(force: true, **STEP_MODES.fetch(@mode))
@@ -211,7 +211,7 @@ module Memkit
             4.times { GC.start(full_mark: false) }
             GC.compact if GC.respond_to?(:compact)
           when "warmup" then Memkit.warmup
-          when "warmup_fill" then Memkit.warmup(fill: true)
+          when "warmup_nofill" then Memkit.warmup(fill: false)
           end
         end
 

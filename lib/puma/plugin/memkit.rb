@@ -11,7 +11,7 @@ require "memkit"
 # nothing twice.
 #
 # For warmup options, skip the plugin and write the hook yourself:
-#   before_fork { Memkit.warmup(fill: true) }
+#   before_fork { Memkit.warmup(compact: false) }
 Puma::Plugin.create do
   def start(launcher)
     @log_writer = launcher.log_writer if launcher.respond_to?(:log_writer)
