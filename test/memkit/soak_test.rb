@@ -89,6 +89,19 @@ class SoakTest < Minitest::Test
     end
   end
 
+  def test_an_app_that_raises_mid_run_names_the_request_and_writes_nothing
+    Dir.mktmpdir do |dir|
+      ru = File.join(dir, "flaky.ru")
+      File.write(ru, "n = 0\nrun ->(env) { n += 1; raise KeyError, 'no session' if n == 150; [200, {}, ['ok']] }\n")
+      csv = File.join(dir, "out.csv")
+      out, err, status = memkit("soak", ru, "--requests", "400", "--csv", csv, "--plot", File.join(dir, "out.svg"))
+      assert_equal 1, status.exitstatus
+      assert_empty out
+      assert_equal ["memkit: flaky.ru: the app raised on request 150: KeyError: no session\n"], err.lines
+      assert_equal ["flaky.ru"], Dir.children(dir)
+    end
+  end
+
   def test_url_without_pid_and_url_nobody_listens_on
     port = free_port
     Dir.mktmpdir do |dir|
