@@ -17,9 +17,10 @@ module Memkit
       def initialize
         @malloc = MallocStats.new
         @malloc_source = @malloc.source
-        # Ruby 3.2+ has size pools with slots of 40..640 bytes; older Rubies
-        # have one slot size (RVALUE_SIZE, 40 bytes on 64-bit).
-        @pools = GC.respond_to?(:stat_heap)
+        # Ruby 3.2+ has size pools with slots of 40..640 bytes, and 3.3+
+        # counts live objects per pool; without those counts every slot is
+        # taken as RVALUE_SIZE (40 bytes on 64-bit), exact before 3.2.
+        @pools = GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
         @slot = GC::INTERNAL_CONSTANTS[:RVALUE_SIZE] || 40
       end
 
