@@ -21,8 +21,9 @@ module Memkit
   # plateau or inconclusive.
   #
   #   result = Memkit::Soak.run("config.ru", requests: 20_000)
-  #   result.verdict            # => "leak"
-  #   result.bytes_per_request  # => 401.7
+  #   result.verdict.verdict    # => "leak"
+  #   result.verdict.reason     # => "grows 400 B/request (95% CI 400..400), ..."
+  #   result.bytes_per_request  # => 400.0
   #
   # TARGET is a Rack config.ru (driven in this process, no network) or an
   # http://127.0.0.1:PORT/path URL together with pid: of the server, whose
