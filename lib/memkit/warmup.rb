@@ -27,7 +27,8 @@ module Memkit
   #
   # Adaptive: the heap counters at the end of a run are remembered, and the
   # next run returns at once (report.skipped) while fewer than `threshold`
-  # objects were allocated since. So a server hook and the memkit/fork hook
+  # objects were allocated since; while fewer than 10% of the live objects
+  # were, it only ages the new ones with minor GCs (steps [:touch_up]). So a server hook and the memkit/fork hook
   # can both call it before the same fork without doing the work twice.
   module Warmup
     DEFAULTS = { force: false, threshold: 10_000, max_gcs: 8, promote: true, coderange: true,
@@ -129,7 +130,12 @@ module Memkit
         bytes_trimmed = 0
         # GC.start and GC.compact run even under GC.disable; the caller's
         # choice to keep the GC off for its own allocations is left as it was.
-        if process_warmup?(opts)
+        if !opts[:force] && since && since < GC.stat(:heap_live_slots) / 10
+          # Little changed (a master that polls, a Resque parent between
+          # jobs): only the new objects need aging. Compaction, the string
+          # walk and filling again would cost far more than they would save.
+          steps << :touch_up if opts[:promote] && promote_young(opts[:max_gcs])
+        elsif process_warmup?(opts)
           Process.warmup
           steps << :process_warmup
         else
@@ -140,15 +146,22 @@ module Memkit
           # child to finish, since sweeping writes freelists into pages.
           GC.start(full_mark: true, immediate_sweep: true)
         end
-        if opts[:trim] && !steps.include?(:process_warmup) && (trimmed = trim)
+        if opts[:trim] && (steps & %i[process_warmup touch_up]).empty? && (trimmed = trim)
           steps << :trim
           bytes_trimmed = trimmed
         end
-        slots_filled, bytes_filled = fill(opts[:max_gcs]) if opts[:fill]
-        steps << :fill if opts[:fill]
+        if opts[:fill] && !steps.include?(:touch_up)
+          slots_filled, bytes_filled = fill(opts[:max_gcs])
+          steps << :fill
+        end
         after = GC.stat
         @state = GC.stat(:total_allocated_objects)
-        Report.new(skipped: false, reason: opts[:force] ? :forced : (since ? :changed : :first),
+        reason = if opts[:force] then :forced
+                 elsif since.nil? then :first
+                 elsif steps.include?(:touch_up) then :changed_little
+                 else :changed
+                 end
+        Report.new(skipped: false, reason: reason,
                    duration: clock - started, steps: steps, gc_runs: GC.count - gc_before,
                    young_before: before[:heap_live_slots] - before[:old_objects],
                    young_after: after[:heap_live_slots] - after[:old_objects],
@@ -174,15 +187,21 @@ module Memkit
         return false if max_gcs.zero?
 
         GC.start(full_mark: true, immediate_sweep: true)
+        age_until_stable(max_gcs - 1, done: 1)
+        true
+      end
+
+      # An object becomes old after surviving 3 GCs, so the first GCs may
+      # promote nothing; after that, stop once the old generation stops growing.
+      def age_until_stable(budget, done: 0)
         old = GC.stat(:old_objects)
-        (max_gcs - 1).times do
+        budget.times do |i|
           GC.start(full_mark: false, immediate_sweep: true)
           now = GC.stat(:old_objects)
-          break if now <= old
+          break if now <= old && done + i + 1 >= 3
 
           old = now
         end
-        true
       end
 
       # The child allocates into whatever free space the parent left: each
@@ -245,6 +264,14 @@ module Memkit
           rescue LoadError, StandardError
             nil
           end
+      end
+
+      # Minor GCs only, until the old generation stops growing.
+      def promote_young(max_gcs)
+        return false if max_gcs.zero?
+
+        age_until_stable([max_gcs, 4].min)
+        true
       end
 
       # String#ascii_only? computes the coderange and caches it in the header.

@@ -41,13 +41,20 @@ class WarmupTest < Minitest::Test
     assert_equal [], report.steps
   end
 
-  def test_runs_again_after_enough_allocations_and_when_forced
+  def test_a_small_change_gets_a_touch_up_and_a_large_one_the_whole_sequence
     Memkit.warmup(threshold: 1_000)
-    kept = Array.new(5_000) { +"x" }
+    kept = Array.new(5_000) { +"x" } # far fewer than 10% of the live objects
     report = Memkit.warmup(threshold: 1_000)
     refute report.skipped
+    assert_equal :changed_little, report.reason
+    assert_equal [:touch_up], report.steps
+    assert old?(kept.last), "the touch-up ages the new objects"
+
+    more = Array.new(GC.stat(:heap_live_slots) / 5) { Object.new }
+    report = Memkit.warmup(threshold: 1_000)
     assert_equal :changed, report.reason
-    assert old?(kept.last)
+    assert_includes report.steps, Process.respond_to?(:warmup) ? :process_warmup : :promote
+    assert old?(more.last)
 
     forced = Memkit.warmup(force: true)
     refute forced.skipped
