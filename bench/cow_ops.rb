@@ -5,7 +5,7 @@
 # each operation forks one child that runs it 2000 times plus a full GC, and
 # measures that child's sharing from a separate process (pagemap frames).
 #
-#   bundle exec ruby bench/cow_ops.rb [plain|warmup|fill] [op,op...]
+#   bundle exec ruby bench/cow_ops.rb [plain|nofill|warmup] [op,op...]
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
 require "memkit"
 require "rbconfig"
@@ -16,8 +16,8 @@ CowApp.boot
 case mode
 when "plain" then nil
 when "warmup" then Memkit.warmup
-when "fill" then Memkit.warmup(fill: true)
-else abort "mode: plain, warmup or fill"
+when "nofill" then Memkit.warmup(fill: false)
+else abort "mode: plain, nofill or warmup"
 end
 
 # rubocop:disable Layout/LineLength
