@@ -13,6 +13,9 @@ require_relative "cow_app"
 
 mode = ARGV[0] || "warmup"
 CowApp.boot
+# COW_WARM_REQUESTS=N: serve N requests in the master first, so call sites
+# and caches are filled before fork (what a real app's warmup requests do).
+Integer(ENV.fetch("COW_WARM_REQUESTS", "0")).times { CowApp.call({ "PATH_INFO" => "/" }) }
 case mode
 when "plain" then nil
 when "warmup" then Memkit.warmup
@@ -34,7 +37,7 @@ ops = {
 # rubocop:enable Layout/LineLength
 ops.select! { |name, _| ARGV[1].nil? || ARGV[1].split(",").include?(name.to_s) }
 
-puts "cow_ops: ruby #{RUBY_VERSION}, prepared with: #{mode}, master rss #{Memkit::Units.human(Memkit.rss)}"
+puts "cow_ops: ruby #{RUBY_VERSION}, prepared with: #{mode}, warm requests #{ENV.fetch('COW_WARM_REQUESTS', '0')}, master rss #{Memkit::Units.human(Memkit.rss)}"
 ops.each do |name, op|
   r, w = IO.pipe
   pid = fork do
