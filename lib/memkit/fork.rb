@@ -7,9 +7,9 @@ module Memkit
   # `require "memkit/fork"`: every fork prepares the heap first.
   #
   # Ruby 3.1 added Process._fork, the one method that Kernel#fork,
-  # Process.fork, Kernel.fork and IO.popen("-") all call,
-  # documented as the place for monitoring libraries to hook. memkit prepends
-  # to it, so no fork path is missed and none is prepared twice. The work is
+  # Process.fork, Kernel.fork and IO.popen("-") all call, documented as the
+  # place for monitoring libraries to hook; memkit prepends to it, and to
+  # Process.daemon, which reaches libc's daemon(3) without it. The work is
   # Memkit::Warmup.run, which is a no-op while the heap has not changed since
   # the last run (a server's own before_fork hook, or the previous fork).
   #
