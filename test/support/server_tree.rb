@@ -24,6 +24,10 @@ module ServerTree
     end
     ready_w.close
     workers.times { ready_r.read(1) }
+    # The master keeps working after fork too (its last slice), so it has
+    # private memory of its own, as a real master does.
+    per = $heap.size / slices
+    $heap[(slices - 1) * per, per].each { |s| s.setbyte(1, 67) }
     $stdout.puts "ready"
     $stdout.flush
     sleep
