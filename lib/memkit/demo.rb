@@ -11,27 +11,35 @@ module Memkit
   class Demo
     APP = File.expand_path("demo/config.ru", __dir__)
 
+    # Workers whose USS passes this during the demo's /leak requests are replaced.
+    MAX_USS = "80MB"
+
     def initialize(workers: 4, requests: 400, server: nil, out: $stdout)
       @workers = workers
       @requests = requests
       @server = server || (gem_available?("unicorn") ? "unicorn" : "puma")
       @out = out
+      @retried = 0
       raise InvalidArgument, "server: #{@server.inspect} (unicorn or puma)" unless %w[unicorn puma].include?(@server)
       raise Error, "memkit demo needs the #{@server} gem: run `bundle install` first" unless gem_available?(@server)
     end
 
-    # Yields the master pid once all workers are up and the requests are done.
+    # Yields the master pid once all workers are up and the requests are done,
+    # then shows MemoryLimit and OobGC at work.
     def run
       Dir.mktmpdir("memkit-demo") do |dir|
-        port = free_port
-        log = File.join(dir, "server.log")
-        @out.puts "Booting #{@server} with #{@workers} workers on 127.0.0.1:#{port} (log: #{log})"
-        pid = Process.spawn(RbConfig.ruby, *command(dir, port), out: log, err: log, pgroup: true)
+        @port = free_port
+        @log = File.join(dir, "server.log")
+        @out.puts "Booting #{@server} with #{@workers} workers on 127.0.0.1:#{@port} (log: #{@log})"
+        pid = Process.spawn({ "MEMKIT_DEMO_MAX_USS" => MAX_USS }, RbConfig.ruby, *command(dir, @port),
+                            out: [@log, "a"], err: %i[child out], pgroup: true)
         begin
-          wait_for_workers(pid, port, log)
-          elapsed = send_requests(port)
+          wait_for_workers(pid)
+          elapsed = send_requests(@requests.times.map { |i| "/products/#{i * 37}" })
           @out.puts format("Sent %d requests in %.1fs.", @requests, elapsed), ""
           yield pid
+          recycle(pid)
+          oob_gc
         ensure
           stop(pid)
         end
@@ -56,27 +64,62 @@ module Memkit
       end
     end
 
-    def wait_for_workers(pid, port, log)
+    def wait_for_workers(pid)
       deadline = clock + 60
-      until Tree.read(pid).nodes.size > @workers && listening?(port)
+      until Tree.read(pid).nodes.size > @workers && listening?(@port)
         if Process.waitpid(pid, Process::WNOHANG) || clock > deadline
-          raise Error, "#{@server} did not start: #{File.read(log).lines.last(5).join.strip}"
+          raise Error, "#{@server} did not start: #{File.read(@log).lines.last(5).join.strip}"
         end
 
         sleep 0.1
       end
     end
 
-    def send_requests(port)
+    # One request per connection, as a load balancer without keep-alive sends
+    # them: a worker being replaced then never holds a client's next request.
+    def send_requests(paths)
       started = clock
-      Net::HTTP.start("127.0.0.1", port) do |http|
-        @requests.times do |i|
-          response = http.get("/products/#{i * 37}")
-          raise Error, "demo request #{i} failed: HTTP #{response.code}" unless response.code == "200"
+      paths.each do |path|
+        attempts = 0
+        begin
+          attempts += 1
+          # No silent retries: Net::HTTP's own are off, and ours are counted.
+          response = Net::HTTP.start("127.0.0.1", @port, max_retries: 0) { |http| http.get(path) }
+        rescue EOFError, Errno::ECONNRESET
+          # Puma closes a just-accepted connection when the worker that
+          # accepted it shuts down (see docs/SERVERS.md): a client retries.
+          raise Error, "demo request #{path} failed: the server closed the connection twice" if attempts > 1
+
+          @retried += 1
+          retry
         end
+        raise Error, "demo request #{path} failed: HTTP #{response.code}" unless response.code == "200"
       end
       clock - started
     end
+
+    def recycle(pid)
+      before = worker_pids(pid)
+      @out.puts "", "Each /leak request keeps 2 MB; Memkit::MemoryLimit replaces a worker past #{MAX_USS} USS."
+      send_requests(Array.new(150) { |i| "/leak/#{i}" })
+      deadline = clock + 10
+      sleep 0.2 until worker_pids(pid).size >= @workers || clock > deadline
+      lines = File.readlines(@log).grep(/\Amemkit: worker/)
+      @out.puts "  #{lines.first.strip}" if lines.first
+      retried = @retried.zero? ? "" : " (#{@retried} retried on a new connection after the server closed one unanswered)"
+      @out.puts "  150 requests, none failed#{retried}; #{lines.size} workers replaced " \
+                "(#{(before - worker_pids(pid)).size} of the original #{before.size} are gone)."
+    end
+
+    def oob_gc
+      text = Net::HTTP.get("127.0.0.1", "/metrics", @port)
+      total = ->(name) { text.scan(/^#{name}\{[^}]*\} (\S+)/).sum { |(v)| v.to_f }.round }
+      @out.puts "", "Memkit::OobGC in the worker that answered /metrics: " \
+                    "#{total.('memkit_oobgc_runs_total')} GC runs between requests, " \
+                    "#{total.('memkit_oobgc_inside_request_runs_total')} inside requests."
+    end
+
+    def worker_pids(pid) = Tree.read(pid).nodes.drop(1).map(&:pid)
 
     def stop(pid)
       Process.kill(:QUIT, pid)
