@@ -32,6 +32,7 @@ class FuzzTest < Minitest::Test
       when 7 then bytes = bytes.tr(random.rand(2).zero? ? ":" : " ", random.rand(2).zero? ? "\t" : "")
       else bytes = +""
       end
+      bytes = bytes.b # Array#join of no lines gives US-ASCII; keep mutating bytes
     end
     random.rand(2).zero? ? bytes : bytes.dup.force_encoding(Encoding::UTF_8)
   end
