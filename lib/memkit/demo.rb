@@ -48,19 +48,29 @@ module Memkit
 
     private
 
+    # Both servers preload the app and run Memkit.warmup in the master before
+    # forking, through their public hooks, so workers start sharing the most.
     def command(dir, port)
+      config = File.join(dir, "#{@server}.rb")
       if @server == "unicorn"
-        config = File.join(dir, "unicorn.rb")
         File.write(config, <<~RUBY)
           worker_processes #{@workers}
           listen "127.0.0.1:#{port}"
           preload_app true
           pid #{File.join(dir, 'unicorn.pid').inspect}
+          before_fork { |_server, _worker| Memkit.warmup }
         RUBY
         [Gem.bin_path("unicorn", "unicorn"), "-c", config, APP]
       else
-        [Gem.bin_path("puma", "puma"), "-w", @workers.to_s, "--preload", "-t", "1:4",
-         "-b", "tcp://127.0.0.1:#{port}", APP]
+        File.write(config, <<~RUBY)
+          workers #{@workers}
+          threads 1, 4
+          bind "tcp://127.0.0.1:#{port}"
+          preload_app!
+          plugin :memkit
+          rackup #{APP.inspect}
+        RUBY
+        [Gem.bin_path("puma", "puma"), "-C", config]
       end
     end
 
