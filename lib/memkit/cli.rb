@@ -102,6 +102,29 @@ module Memkit
 
       def json_option(o) = o.on("--json", "print JSON (sizes in bytes)") { options[:json] = true }
 
+      def watch_option(o)
+        o.on("--watch SECONDS", Float, "redraw every SECONDS until Ctrl-C") do |seconds|
+          raise UsageError, "--watch needs a positive number of seconds" unless seconds.positive?
+
+          options[:watch] = seconds
+        end
+      end
+
+      # Runs the block once, or with --watch again every SECONDS until Ctrl-C,
+      # which is how watching is meant to end (exit status 0).
+      def repeat
+        return yield unless options[:watch]
+
+        loop do
+          out.print "\e[H\e[2J" if out.tty? && !options[:json]
+          yield
+          out.flush
+          sleep options[:watch]
+        end
+      rescue Interrupt
+        0
+      end
+
       def pid_argument(argv)
         raise UsageError, "missing PID" if argv.empty?
         raise UsageError, "unexpected argument #{argv[1].inspect}" if argv.size > 1

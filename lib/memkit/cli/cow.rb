@@ -11,20 +11,10 @@ module Memkit
         parse(argv, "MASTER_PID [--json] [--estimate] [--watch SECONDS]") do |o|
           json_option(o)
           o.on("--estimate", "use smaps Shared/rss even where pagemap frame numbers are readable") { options[:estimate] = true }
-          o.on("--watch SECONDS", Float, "redraw every SECONDS until Ctrl-C") { |s| options[:watch] = s }
+          watch_option(o)
         end
         pid = pid_argument(argv)
-        raise UsageError, "--watch needs a positive number of seconds" if options[:watch]&.<=(0)
-        return report(pid) unless options[:watch]
-
-        loop do
-          out.print "\e[H\e[2J" if out.tty? && !options[:json]
-          report(pid)
-          out.flush
-          sleep options[:watch]
-        end
-      rescue Interrupt
-        0
+        repeat { report(pid) }
       end
 
       private

@@ -9,21 +9,11 @@ module Memkit
       def call(argv)
         parse(argv, "PID [--json] [--watch SECONDS] [--sort pss|uss|rss]") do |o|
           json_option(o)
-          o.on("--watch SECONDS", Float, "redraw every SECONDS until Ctrl-C") { |s| options[:watch] = s }
+          watch_option(o)
           o.on("--sort KEY", SORTS, "order workers by pss, uss or rss (default: tree order)") { |k| options[:sort] = k }
         end
         pid = pid_argument(argv)
-        raise UsageError, "--watch needs a positive number of seconds" if options[:watch]&.<=(0)
-        return report(pid) unless options[:watch]
-
-        loop do
-          out.print "\e[H\e[2J" if out.tty? && !options[:json]
-          report(pid)
-          out.flush
-          sleep options[:watch]
-        end
-      rescue Interrupt
-        0 # Ctrl-C is how --watch is meant to end
+        repeat { report(pid) }
       end
 
       private
