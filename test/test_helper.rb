@@ -62,6 +62,18 @@ module Memkit
       pids&.each { |pid| Process.wait(pid) rescue nil }
     end
 
+    # Runs the calling test alone in a new Ruby process and asserts it passed
+    # there. For tests whose subject is the GC: the heap this process has
+    # grown by earlier tests (in random order) changes when Ruby collects.
+    def in_fresh_process
+      return yield if ENV["MEMKIT_FRESH_PROCESS"] == name
+
+      file = caller_locations(1, 1).first.path
+      out, status = Open3.capture2e({ "MEMKIT_FRESH_PROCESS" => name }, RbConfig.ruby, "-I#{ROOT}/lib",
+                                    "-I#{ROOT}/test", file, "-n", name)
+      assert status.success? && out.include?("1 runs"), "#{name} in a fresh process:\n#{out}"
+    end
+
     def linux?
       File.exist?("/proc/self/smaps_rollup")
     end
