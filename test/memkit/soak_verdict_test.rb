@@ -4,31 +4,30 @@ require "test_helper"
 require "json"
 
 # The "Must show" statistics on the sample apps in test/fixtures/soak, each
-# run in a fresh forked process so one run's heap does not carry into the
-# next. Fewer samples than the CLI default keep the file under a minute; the
+# run in a new process so one run's heap does not carry into the next.
+# Fewer samples than the CLI default keep the file under a minute; the
 # default-settings runs are in bench/RESULTS.md (bench/soak_verdicts.rb).
 class SoakVerdictTest < Minitest::Test
   FIXTURES = File.join(Memkit::TestHelpers::ROOT, "test", "fixtures", "soak")
 
+  # Each soak runs in a new Ruby process (not a fork of this one, whose heap
+  # grown by other tests would move the figures), as `memkit soak` does.
   def soak(fixture, **options)
-    reader, writer = IO.pipe
-    pid = fork do
-      reader.close
-      result = Memkit::Soak.run(File.join(FIXTURES, fixture), **options)
-      writer.write(JSON.generate(result.to_h))
-      writer.close
-      exit!(0)
-    rescue Exception => e # rubocop:disable Lint/RescueException -- report anything to the parent
-      writer.write(JSON.generate(error: "#{e.class}: #{e.message}"))
-      exit!(1)
-    end
-    writer.close
-    out = JSON.parse(reader.read, symbolize_names: true)
-    flunk out[:error] if out[:error]
-    out
-  ensure
-    reader&.close
-    Process.wait(pid) if pid
+    script = <<~RUBY
+      require "json"
+      options = JSON.parse(ARGV[1], symbolize_names: true)
+      begin
+        print JSON.generate(Memkit::Soak.run(ARGV[0], **options).to_h)
+      rescue Exception => e # rubocop:disable Lint/RescueException -- report anything to the parent
+        print JSON.generate(error: "\#{e.class}: \#{e.message}")
+      end
+    RUBY
+    out, status = Open3.capture2(RbConfig.ruby, "-I#{File.join(Memkit::TestHelpers::ROOT, 'lib')}", "-rmemkit",
+                                 "-e", script, File.join(FIXTURES, fixture), JSON.generate(options))
+    result = JSON.parse(out, symbolize_names: true)
+    flunk result[:error] if result[:error]
+    assert status.success?
+    result
   end
 
   def test_a_400_byte_per_request_leak_is_found_within_20000_requests
