@@ -13,6 +13,7 @@
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
 require "memkit"
 require "memkit/cow"
+require "memkit/loopback"
 require "net/http"
 require "json"
 require "socket"
@@ -27,12 +28,7 @@ module CowServers
 
   module_function
 
-  def free_port
-    server = TCPServer.new("127.0.0.1", 0)
-    server.addr[1]
-  ensure
-    server&.close
-  end
+  def free_port = Memkit::Loopback.free_port
 
   # Boots a server in the background; returns once all workers answer.
   def start(name, mode, port: free_port, workers: 4, scale: 1.0, requests: nil, log: nil, timeout: 120)

@@ -26,6 +26,7 @@
 require "optparse"
 require "json"
 require "tmpdir"
+require_relative "../lib/memkit/loopback"
 require "fileutils"
 require "etc"
 require_relative "../test/memkit/servers_helper"
@@ -90,9 +91,7 @@ module OobgcBenchRunner
     end
   end
 
-  def free_port
-    TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] }
-  end
+  def free_port = Memkit::Loopback.free_port
 
   def app_source(mode, dir)
     middleware =

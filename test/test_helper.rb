@@ -7,6 +7,7 @@ require "timeout"
 require "tmpdir"
 require "open3"
 require "memkit"
+require "memkit/loopback"
 
 module Memkit
   # Helpers for tests that use real processes, real /proc and real servers.
@@ -31,12 +32,7 @@ module Memkit
     end
 
     # A TCP port on 127.0.0.1 that nothing listens on right now.
-    def free_port
-      server = TCPServer.new("127.0.0.1", 0)
-      server.addr[1]
-    ensure
-      server&.close
-    end
+    def free_port = Memkit::Loopback.free_port
 
     # Forks `count` children that run the optional `child` proc, then sleep
     # until killed; yields their pids and always reaps them.

@@ -2,7 +2,7 @@
 
 require "net/http"
 require "rbconfig"
-require "socket"
+require_relative "loopback"
 require "tmpdir"
 
 module Memkit
@@ -28,7 +28,7 @@ module Memkit
     # then shows MemoryLimit and OobGC at work.
     def run
       Dir.mktmpdir("memkit-demo") do |dir|
-        @port = free_port
+        @port = Loopback.free_port
         @log = File.join(dir, "server.log")
         @out.puts "Booting #{@server} with #{@workers} workers on 127.0.0.1:#{@port} (log: #{@log})"
         pid = Process.spawn({ "MEMKIT_DEMO_MAX_USS" => MAX_USS }, RbConfig.ruby, *command(dir, @port),
@@ -76,7 +76,7 @@ module Memkit
 
     def wait_for_workers(pid)
       deadline = clock + 60
-      until Tree.read(pid).nodes.size > @workers && listening?(@port)
+      until Tree.read(pid).nodes.size > @workers && Loopback.listening?(@port)
         if Process.waitpid(pid, Process::WNOHANG) || clock > deadline
           raise Error, "#{@server} did not start: #{File.read(@log).lines.last(5).join.strip}"
         end
@@ -145,20 +145,6 @@ module Memkit
       rescue Errno::ESRCH, Errno::ECHILD
         nil
       end
-    end
-
-    def listening?(port)
-      TCPSocket.new("127.0.0.1", port).close
-      true
-    rescue SystemCallError
-      false
-    end
-
-    def free_port
-      server = TCPServer.new("127.0.0.1", 0)
-      server.addr[1]
-    ensure
-      server&.close
     end
 
     def gem_available?(name)
