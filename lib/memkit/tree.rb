@@ -19,11 +19,11 @@ module Memkit
       parents = parent_map(root)
       raise NoSuchProcess, "no such process: pid #{pid}" unless parents.key?(pid)
 
+      children = parents.group_by { |_, ppid| ppid }.transform_values { |pairs| pairs.map(&:first).sort }
       nodes = []
       skipped = {}
-      walk(pid, parents.group_by { |_, ppid| ppid }.transform_values { |pairs| pairs.map(&:first).sort }, 0) do |child, depth|
-        node = read_node(child, parents[child], depth, root)
-        nodes << node if node
+      walk(pid, children, 0) do |child, depth|
+        nodes << read_node(child, parents[child], depth, root)
       rescue NoSuchProcess, PermissionDenied => e
         # A worker that exits while we walk is simply no longer part of the tree;
         # one we may not read is listed as skipped rather than failing the report.
@@ -31,8 +31,6 @@ module Memkit
 
         skipped[child] = e.message if e.is_a?(PermissionDenied)
       end
-      raise NoSuchProcess, "pid #{pid} exited while its tree was read" if nodes.empty? || nodes.first.pid != pid
-
       new(nodes, skipped: skipped)
     end
 
