@@ -68,6 +68,14 @@ module Memkit
 
     def target = @pid || Process.pid
 
+    # The status of a resource used to the fraction `used` of its limit.
+    def level(used, warn:, fail: 0.9)
+      if used >= fail then :fail
+      elsif used >= warn then :warn
+      else :ok
+      end
+    end
+
     def check(name, value, status, advice)
       raise ArgumentError, "status #{status.inspect}" unless STATUSES.include?(status)
 
@@ -300,10 +308,7 @@ module Memkit
       end
       fibers = ((limit - maps) / [per_fiber, 0.01].max).floor
       used = maps.fdiv(limit)
-      status = if used >= 0.9 then :fail
-               elsif used >= 0.5 then :warn
-               else :ok
-               end
+      status = level(used, warn: 0.5)
       check("vm.max_map_count", limit, status,
             "pid #{target} has #{maps} mappings; each live fiber adds #{per_fiber} (stack and guard page), so " \
             "about #{fibers} more live fibers fit before \"can't set a guard page\"; raise it with " \
@@ -362,10 +367,7 @@ module Memkit
       return check("cgroup.memory", value, :ok, "no limit on #{dir}; usage #{Units.human(current)}") unless max
 
       used = current.fdiv(max)
-      status = if used >= 0.9 then :fail
-               elsif used >= 0.75 then :warn
-               else :ok
-               end
+      status = level(used, warn: 0.75)
       check("cgroup.memory", value, status,
             "#{Units.human(current)} of #{Units.human(max)} (#{(used * 100).round}%) used, page cache included; " \
             "at the limit the kernel reclaims cache, then OOM-kills inside the container")
