@@ -3,8 +3,12 @@
 # How much `memkit soak` adds to calling a Rack app in a bare loop.
 #
 #   bare    app.call(env.dup) and nothing else
-#   driver  Soak::RackDriver#drive: fresh env with rack.input, body iterated
-#           and closed, rack.response_finished / rack.after_reply run
+#   merge   app.call(env.merge): the bare loop copying the env the way the
+#           driver does (Hash#merge skips #dup's call to initialize_copy), so
+#           driver/merge is the cost of the driver's own work
+#   driver  Soak::RackDriver#drive: a fresh env with rack.input and the
+#           callback arrays, body iterated and closed unless an Array,
+#           rack.response_finished / rack.after_reply run
 #   no-gc   a whole Soak.run with 200 samples and no forced GC (--no-gc)
 #   soak    a whole Soak.run with the defaults: 200 samples, a full GC before
 #           each (what makes the heap figures exact; its cost is per sample,
@@ -12,13 +16,21 @@
 #
 # Times are this process's CPU time (CLOCK_PROCESS_CPUTIME_ID), not wall
 # time: on a machine shared with other jobs, wall time measures the
-# neighbours. Rounds are interleaved and the median kept.
-#   bundle exec ruby -Ilib bench/soak_overhead.rb [--rounds 7]
+# neighbours. Even so, the same 0.2 s loop here takes anywhere from 1x to 2x
+# from one run to the next, so bare and driver are compared in short chunks
+# back to back (their order rotating, so none always starts on the heap
+# another left), and the figure is the median of the per-chunk
+# ratios. The whole-run columns (no-gc, soak) are medians of whole runs.
+#   bundle exec ruby -Ilib bench/soak_overhead.rb [--rounds 7] [--chunks 41]
 require "optparse"
 require "memkit"
 
 rounds = 7
-OptionParser.new { |o| o.on("--rounds N", Integer) { |v| rounds = v } }.parse!(ARGV)
+chunks = 41
+OptionParser.new do |o|
+  o.on("--rounds N", Integer, "whole soak runs per app") { |v| rounds = v }
+  o.on("--chunks N", Integer, "bare/driver chunk pairs per app") { |v| chunks = v }
+end.parse!(ARGV)
 
 apps = {
   "hello.ru" => [File.expand_path("soak/hello.ru", __dir__), 200_000],
@@ -36,26 +48,33 @@ end
 
 def median(a) = a.sort[a.size / 2]
 
-puts format("%-10s %8s %11s %11s %11s %11s %8s %8s %8s", "app", "requests", "bare", "driver", "no-gc", "soak",
-            "driver/", "no-gc/", "soak/")
-puts format("%-10s %8s %11s %11s %11s %11s %8s %8s %8s", "", "", "us/request", "us/request", "us/request", "us/request",
-            "bare", "bare", "bare")
+HEAD = "%-10s %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s"
+puts format(HEAD, "app", "requests", "bare", "merge", "driver", "no-gc", "soak", "driver/", "driver/", "no-gc/", "soak/")
+puts format(HEAD, "", "", "us/req", "us/req", "us/req", "us/req", "us/req", "bare", "merge", "bare", "bare")
 apps.each do |name, (path, n)|
   driver = Memkit::Soak::RackDriver.new(path)
   app = driver.app
   base = driver.base_env
-  driver.drive(n / 10) # warm both paths before timing
+  chunk = [n / 10, 1].max
+  bare = -> { timed { i = 0; while i < chunk; app.call(base.dup); i += 1; end } }
+  merge = -> { timed { i = 0; while i < chunk; app.call(base.merge); i += 1; end } }
+  drive = -> { timed { driver.drive(chunk) } }
+  [drive, bare, merge].each(&:call) # warm every path before timing
   times = Hash.new { |h, k| h[k] = [] }
+  ratios = Hash.new { |h, k| h[k] = [] }
+  chunks.times do |k|
+    order = %i[bare merge driver].rotate(k)
+    t = order.to_h { |name| [name, { bare: bare, merge: merge, driver: drive }.fetch(name).call] }
+    t.each { |name, v| times[name] << v / chunk }
+    ratios[:bare] << t[:driver] / t[:bare]
+    ratios[:merge] << t[:driver] / t[:merge]
+  end
   rounds.times do
-    GC.start
-    times[:bare] << timed { i = 0; while i < n; app.call(base.dup); i += 1; end }
-    GC.start
-    times[:driver] << timed { driver.drive(n) }
-    times[:nogc] << timed { Memkit::Soak.run(path, requests: n, gc_budget: 0.0, attribute: false) }
-    times[:soak] << timed { Memkit::Soak.run(path, requests: n, attribute: false) }
+    times[:nogc] << timed { Memkit::Soak.run(path, requests: n, gc_budget: 0.0, attribute: false) } / n
+    times[:soak] << timed { Memkit::Soak.run(path, requests: n, attribute: false) } / n
   end
   m = times.transform_values { |v| median(v) }
-  us = ->(k) { format("%.2f", m[k] * 1e6 / n) }
-  puts format("%-10s %8d %11s %11s %11s %11s %8.3f %8.3f %8.3f", name, n, us[:bare], us[:driver], us[:nogc], us[:soak],
-              m[:driver] / m[:bare], m[:nogc] / m[:bare], m[:soak] / m[:bare])
+  us = ->(k) { format("%.2f", m[k] * 1e6) }
+  puts format("%-10s %8d %8s %8s %8s %8s %8s %8.3f %8.3f %8.3f %8.3f", name, n, us[:bare], us[:merge], us[:driver],
+              us[:nogc], us[:soak], median(ratios[:bare]), median(ratios[:merge]), m[:nogc] / m[:bare], m[:soak] / m[:bare])
 end
