@@ -13,9 +13,10 @@ Gem::Specification.new do |spec|
   spec.license = "MIT"
   spec.required_ruby_version = ">= 3.1"
 
-  spec.files = Dir["lib/**/*", "exe/*", "README.md", "CHANGELOG.md", "LICENSE", "docs/**/*"]
+  spec.files = Dir["lib/**/*.rb", "lib/memkit/demo/*", "ext/**/*.{c,rb}", "exe/*", "README.md", "CHANGELOG.md", "LICENSE", "docs/**/*"]
   spec.bindir = "exe"
   spec.executables = ["memkit"]
   spec.require_paths = ["lib"]
+  spec.extensions = ["ext/memkit/extconf.rb"] # optional: FiberPool runs without it
   spec.metadata["rubygems_mfa_required"] = "true"
 end

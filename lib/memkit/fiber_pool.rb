@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "rbconfig"
+
 module Memkit
   # Runs jobs in reused fibers.
   #
@@ -63,59 +65,9 @@ module Memkit
       @max = integer_option(:max, max, min: 1)
       raise InvalidArgument, "FiberPool max_idle (#{max_idle}) must not exceed max (#{max})" if @max_idle > @max
 
-      @thread = Thread.current
-      @hot = nil # the most recently parked fiber, kept out of @idle: cheaper
-      @idle = []
-      @live = 0
-      @args = @storage = nil
-      @done = @failed = false
-      @keep_hot = @max_idle.positive?
-      @waiting = nil # {fiber => Thread::Queue} for callers waiting under a scheduler
+      setup
       POOLS[self] = self
     end
-
-    # Runs the block with args in a pooled fiber and returns its value, or
-    # raises what it raised.
-    #
-    # The job goes in as resume's one argument and its value comes out as
-    # Fiber.yield's; a second resume argument would make Fiber.yield build an
-    # array, and `job.call(*args)` with no args still pays for the splat,
-    # together a third of a bare switch. Arguments, when there are any, wait
-    # in @args. @done (set by the fiber just before it yields back; nested
-    # and interleaved jobs clear it before anything else can run) and @failed
-    # say what the value is. Identity checks and predicates cost a method
-    # call each here, so the flags are plain booleans.
-    def run(*args, &job)
-      raise InvalidArgument, "FiberPool#run needs a block" unless job
-
-      if (fiber = @hot)
-        @hot = nil
-      else
-        fiber = @idle.pop || spawn
-      end
-      @args = args unless args.empty?
-      @storage = ::Fiber.current.storage if STORAGE
-      # Stale only if someone else resumed a suspended job to its end.
-      @done = false
-      begin
-        value = fiber.resume(job)
-      rescue FiberError
-        raise unless foreign_thread?(fiber)
-      end
-      if @done
-        @done = false
-        return value unless @failed
-
-        @failed = false
-        raise value
-      end
-      suspended(fiber, value)
-    end
-
-    # Fibers alive now: idle ones plus those running (or suspended in) a job.
-    def size = @live
-
-    def idle = @idle.size + (@hot ? 1 : 0)
 
     def busy = size - idle
 
@@ -131,102 +83,30 @@ module Memkit
       raise InvalidArgument, "FiberPool #{name}: expected an Integer >= #{min}, got #{value.inspect}"
     end
 
-    # In a fork child: forget the idle fibers copied from the parent; the VM
-    # frees their stacks with the objects. Busy ones stay counted: the job
-    # that called fork runs in one of them and may finish here. Only the
-    # forking thread survives fork, so it becomes the owner.
-    def after_fork
-      @live -= idle
-      @hot = nil
-      @idle = []
-      @waiting = nil
-      @thread = Thread.current
-    end
+    def owner!(owner)
+      return if Thread.current.equal?(owner)
 
-    def owner!
-      return if Thread.current.equal?(@thread)
-
-      raise Error, "FiberPool belongs to #{@thread.inspect} and was used from #{Thread.current.inspect}: " \
+      raise Error, "FiberPool belongs to #{owner.inspect} and was used from #{Thread.current.inspect}: " \
                    "fibers cannot move between threads, so create one pool per thread"
-    end
-
-    # Ruby refused to resume the fiber because it belongs to another thread.
-    # The fiber never ran: park it again and say what happened.
-    def foreign_thread?(fiber)
-      return false if Thread.current.equal?(@thread)
-
-      @args = @storage = nil
-      @idle.push(fiber)
-      owner!
-    end
-
-    def spawn
-      owner!
-      raise Exhausted, "FiberPool: all #{@max} fibers are busy (max: #{@max}): that many jobs are nested or suspended" if @live >= @max
-
-      @live += 1
-      fiber = nil
-      fiber = ::Fiber.new do |job|
-        thread = Thread.current
-        clear_storage if STORAGE # Fiber.new copied its creator's storage
-        while true # rubocop:disable Style/InfiniteLoop -- no block call per job
-          if STORAGE && (storage = @storage)
-            @storage = nil
-            storage.each { |key, value| ::Fiber[key] = value }
-          end
-          begin
-            if (args = @args)
-              @args = nil
-              value = job.call(*args)
-            else
-              value = job.call
-            end
-          rescue Exception => e # rubocop:disable Lint/RescueException -- the caller gets all the job raised, as inline
-            value = e
-            @failed = true
-          end
-          job = args = nil
-          keys = thread.keys
-          keys.each { |key| thread[key] = nil } unless keys.empty?
-          clear_storage if STORAGE
-          # Park the fiber (inline: this runs for every job), or let it end.
-          if !@hot && @keep_hot
-            @hot = fiber
-            keep = true
-          elsif (keep = @idle.size + 1 < @max_idle)
-            @idle.push(fiber)
-          else
-            @live -= 1
-          end
-          if @waiting && (queue = @waiting.delete(fiber))
-            # Our caller waits on a queue (see #suspended): hand it the
-            # outcome there, then yield to whoever resumed us, the scheduler.
-            @waiting = nil if @waiting.empty?
-            queue.push([@failed, value])
-            @failed = false
-            break unless keep
-
-            job = ::Fiber.yield
-          else
-            @done = true
-            break value unless keep
-
-            job = ::Fiber.yield(value)
-          end
-        end
-      end
     end
 
     def clear_storage
       ::Fiber.current.storage&.each_key { |key| ::Fiber[key] = nil }
     end
 
+    def restore_storage(storage)
+      storage.each { |key, value| ::Fiber[key] = value }
+    end
+
     # The job suspended its fiber before finishing. The fiber stays with the
     # job (it is not idle) until the job is done; meanwhile #run waits the way
     # the job would have waited inline.
+    #
+    # Shared by both cores; what it reads and changes of the pool's state
+    # goes through done?, take_failed, lost_fiber and wait_queue.
     def suspended(fiber, value)
       unless fiber.alive?
-        @live -= 1
+        lost_fiber
         raise Error, "FiberPool: a job ended its own fiber (Fiber#kill?) before returning"
       end
 
@@ -237,8 +117,7 @@ module Memkit
         end
         # The scheduler resumes the job's fiber itself, not us. Wait on a
         # queue, which the scheduler understands, until the job finishes.
-        queue = (@waiting ||= {})[fiber] = Thread::Queue.new
-        failed, value = queue.pop
+        failed, value = wait_queue(fiber).pop
         raise value if failed
 
         return value
@@ -246,7 +125,7 @@ module Memkit
 
       # No scheduler: the job yielded a value to our caller, as an inline
       # Fiber.yield would. Pass it on, and pass the reply back in.
-      until @done
+      until done?
         begin
           reply = ::Fiber.yield(value)
         rescue FiberError => e
@@ -256,11 +135,182 @@ module Memkit
         end
         value = fiber.resume(reply)
       end
-      @done = false
-      return value unless @failed
+      raise value if take_failed
 
-      @failed = false
-      raise value
+      value
+    end
+
+    # The pool's state and hot path in Ruby: the reference for, and the
+    # fallback when it is not built, the C core in ext/memkit/fiber_pool.c
+    # (on Ruby 3.1 every instance-variable access here costs about as much as
+    # the fiber switch, which keeps this core near 1.15x a new fiber per job).
+    module RubyCore
+      # Runs the block with args in a pooled fiber and returns its value, or
+      # raises what it raised.
+      #
+      # The job goes in as resume's one argument and its value comes out as
+      # Fiber.yield's; a second resume argument would make Fiber.yield build
+      # an array, and `job.call(*args)` with no args still pays for the
+      # splat, together a third of a bare switch. Arguments, when there are
+      # any, wait in @args. @done (set by the fiber just before it yields
+      # back; nested and interleaved jobs clear it before anything else can
+      # run) and @failed say what the value is. Identity checks and
+      # predicates cost a method call each here, so the flags are plain
+      # booleans.
+      def run(*args, &job)
+        raise InvalidArgument, "FiberPool#run needs a block" unless job
+
+        if (fiber = @hot)
+          @hot = nil
+        else
+          fiber = @idle.pop || spawn
+        end
+        @args = args unless args.empty?
+        @storage = ::Fiber.current.storage if STORAGE
+        # Stale only if someone else resumed a suspended job to its end.
+        @done = false
+        begin
+          value = fiber.resume(job)
+        rescue FiberError
+          raise unless foreign_thread?(fiber)
+        end
+        if @done
+          @done = false
+          return value unless @failed
+
+          @failed = false
+          raise value
+        end
+        suspended(fiber, value)
+      end
+
+      # Fibers alive now: idle ones plus those running (or suspended in) a job.
+      def size = @live
+
+      def idle = @idle.size + (@hot ? 1 : 0)
+
+      private
+
+      def setup
+        @thread = Thread.current
+        @hot = nil # the most recently parked fiber, kept out of @idle: cheaper
+        @idle = []
+        @live = 0
+        @args = @storage = nil
+        @done = @failed = false
+        @keep_hot = @max_idle.positive?
+        @waiting = nil # {fiber => Thread::Queue} for callers waiting under a scheduler
+      end
+
+      # In a fork child: forget the idle fibers copied from the parent; the
+      # VM frees their stacks with the objects. Busy ones stay counted: the
+      # job that called fork runs in one of them and may finish here. Only
+      # the forking thread survives fork, so it becomes the owner.
+      def after_fork
+        @live -= idle
+        @hot = nil
+        @idle = []
+        @waiting = nil
+        @thread = Thread.current
+      end
+
+      def done? = @done
+
+      def take_failed
+        failed = @failed
+        @done = @failed = false
+        failed
+      end
+
+      def lost_fiber = @live -= 1
+
+      def wait_queue(fiber)
+        (@waiting ||= {})[fiber] = Thread::Queue.new
+      end
+
+      # Ruby refused to resume the fiber because it belongs to another
+      # thread. The fiber never ran: park it again and say what happened.
+      def foreign_thread?(fiber)
+        return false if Thread.current.equal?(@thread)
+
+        @args = @storage = nil
+        @idle.push(fiber)
+        owner!(@thread)
+      end
+
+      def spawn
+        owner!(@thread)
+        raise Exhausted, "FiberPool: all #{@max} fibers are busy (max: #{@max}): that many jobs are nested or suspended" if @live >= @max
+
+        @live += 1
+        fiber = nil
+        fiber = ::Fiber.new do |job|
+          thread = Thread.current
+          clear_storage if STORAGE # Fiber.new copied its creator's storage
+          while true # rubocop:disable Style/InfiniteLoop -- no block call per job
+            if STORAGE && (storage = @storage)
+              @storage = nil
+              storage.each { |key, value| ::Fiber[key] = value }
+            end
+            begin
+              if (args = @args)
+                @args = nil
+                value = job.call(*args)
+              else
+                value = job.call
+              end
+            rescue Exception => e # rubocop:disable Lint/RescueException -- the caller gets all the job raised, as inline
+              value = e
+              @failed = true
+            end
+            job = args = nil
+            keys = thread.keys
+            keys.each { |key| thread[key] = nil } unless keys.empty?
+            clear_storage if STORAGE
+            # Park the fiber (inline: this runs for every job), or let it end.
+            if !@hot && @keep_hot
+              @hot = fiber
+              keep = true
+            elsif (keep = @idle.size + 1 < @max_idle)
+              @idle.push(fiber)
+            else
+              @live -= 1
+            end
+            if @waiting && (queue = @waiting.delete(fiber))
+              # Our caller waits on a queue (see #suspended): hand it the
+              # outcome there, then yield to whoever resumed us, the scheduler.
+              @waiting = nil if @waiting.empty?
+              queue.push([@failed, value])
+              @failed = false
+              break unless keep
+
+              job = ::Fiber.yield
+            else
+              @done = true
+              break value unless keep
+
+              job = ::Fiber.yield(value)
+            end
+          end
+        end
+      end
+    end
+
+    # Built by `rake compile` or `gem install`, into a folder per Ruby ABI.
+    # Next to this file in a checkout; RubyGems also copies it there, but a
+    # gem's extension folder on $LOAD_PATH is where it is built first.
+    native = "#{RbConfig::CONFIG.fetch("ruby_version")}/fiber_pool_native"
+    NATIVE = begin
+      require_relative native
+      true
+    rescue LoadError
+      begin
+        require "memkit/#{native}"
+        true
+      rescue LoadError
+        include RubyCore
+        false
+      end
     end
   end
 end

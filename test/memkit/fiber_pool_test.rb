@@ -1,6 +1,9 @@
 # frozen_string_literal: true
 
 require "test_helper"
+require "fileutils"
+require "open3"
+require "tmpdir"
 
 class FiberPoolTest < Minitest::Test
   # A minimal Fiber scheduler: sleeping and blocking fibers wait in tables,
@@ -68,8 +71,13 @@ class FiberPoolTest < Minitest::Test
     def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
   end
 
+  # Every test here runs twice: against Memkit::FiberPool as loaded (its C
+  # core when built, as `rake test` does) and, in FiberPoolRubyCoreTest
+  # below, against the Ruby core it falls back to.
+  def pool_class = Memkit::FiberPool
+
   def setup
-    @pool = Memkit::FiberPool.new(max_idle: 4, max: 8)
+    @pool = pool_class.new(max_idle: 4, max: 8)
   end
 
   def test_returns_the_blocks_value_and_passes_arguments
@@ -144,7 +152,7 @@ class FiberPoolTest < Minitest::Test
     error = Thread.new { @pool.run { :never } rescue $! }.value # rubocop:disable Style/RescueModifier
     assert_kind_of Memkit::Error, error
     assert_match(/belongs to .*used from/, error.message)
-    empty = Memkit::FiberPool.new
+    empty = pool_class.new
     error = Thread.new { empty.run { :never } rescue $! }.value # rubocop:disable Style/RescueModifier
     assert_kind_of Memkit::Error, error
     assert_equal 2, @pool.run { 2 }, "still usable by its own thread"
@@ -176,7 +184,7 @@ class FiberPoolTest < Minitest::Test
   end
 
   def test_max_bounds_live_fibers_with_a_clear_error
-    pool = Memkit::FiberPool.new(max_idle: 1, max: 3)
+    pool = pool_class.new(max_idle: 1, max: 3)
     nest = ->(depth) { depth.zero? ? :bottom : pool.run { nest.(depth - 1) } }
     assert_equal :bottom, nest.(3)
     error = assert_raises(Memkit::FiberPool::Exhausted) { nest.(4) }
@@ -187,12 +195,12 @@ class FiberPoolTest < Minitest::Test
   end
 
   def test_idle_fibers_beyond_max_idle_are_released
-    pool = Memkit::FiberPool.new(max_idle: 2, max: 10)
+    pool = pool_class.new(max_idle: 2, max: 10)
     nest = ->(depth) { depth.zero? ? pool.busy : pool.run { nest.(depth - 1) } }
     assert_equal 6, nest.(6), "six jobs nested: six busy fibers"
     assert_equal 2, pool.idle
     assert_equal 2, pool.size
-    none = Memkit::FiberPool.new(max_idle: 0, max: 1)
+    none = pool_class.new(max_idle: 0, max: 1)
     fibers = 2.times.map { none.run { Fiber.current } }
     refute_same fibers[0], fibers[1]
     assert_equal 0, none.size
@@ -246,7 +254,7 @@ class FiberPoolTest < Minitest::Test
     results = {}
     pool = nil
     Thread.new do
-      pool = Memkit::FiberPool.new(max_idle: 4, max: 8)
+      pool = pool_class.new(max_idle: 4, max: 8)
       Fiber.set_scheduler(TinyScheduler.new)
       3.times do |i|
         Fiber.schedule do
@@ -278,7 +286,7 @@ class FiberPoolTest < Minitest::Test
     outcome = nil
     pool = nil
     Thread.new do
-      pool = Memkit::FiberPool.new
+      pool = pool_class.new
       Fiber.set_scheduler(TinyScheduler.new)
       Fiber.schedule do
         outcome = begin
@@ -296,12 +304,71 @@ class FiberPoolTest < Minitest::Test
     assert_equal 1, pool.idle
   end
 
+  # The C core keeps fibers, arguments and queues in a struct the GC must see
+  # and must not move (Memkit.warmup compacts the heap).
+  def test_survives_gc_stress_and_compaction_between_jobs
+    pool = pool_class.new(max_idle: 2, max: 8)
+    outer = pool.run(:a) { |x| [x, pool.run(:b) { |y| [y, pool.run { :c }] }] }
+    GC.compact if GC.respond_to?(:compact)
+    GC.stress = true
+    results = Array.new(20) { |i| pool.run(i, "s#{i}") { |n, s| "#{s}:#{n * 2}" } }
+    error = assert_raises(RuntimeError) { pool.run { raise "boom" } }
+    GC.stress = false
+    GC.compact if GC.respond_to?(:compact)
+    assert_equal [:a, [:b, :c]], outer
+    assert_equal Array.new(20) { |i| "s#{i}:#{i * 2}" }, results
+    assert_equal "boom", error.message
+    assert_equal 7, pool.run { 7 }
+    assert_equal 2, pool.idle
+  ensure
+    GC.stress = false
+  end
+
   def test_invalid_options_and_missing_block
-    assert_raises(Memkit::InvalidArgument) { Memkit::FiberPool.new(max_idle: -1) }
-    assert_raises(Memkit::InvalidArgument) { Memkit::FiberPool.new(max: 0) }
-    assert_raises(Memkit::InvalidArgument) { Memkit::FiberPool.new(max: "8") }
-    error = assert_raises(Memkit::InvalidArgument) { Memkit::FiberPool.new(max_idle: 9, max: 8) }
+    assert_raises(Memkit::InvalidArgument) { pool_class.new(max_idle: -1) }
+    assert_raises(Memkit::InvalidArgument) { pool_class.new(max: 0) }
+    assert_raises(Memkit::InvalidArgument) { pool_class.new(max: "8") }
+    error = assert_raises(Memkit::InvalidArgument) { pool_class.new(max_idle: 9, max: 8) }
     assert_match(/max_idle.*max/, error.message)
     assert_raises(Memkit::InvalidArgument) { @pool.run }
+  end
+end
+
+# The same tests against the Ruby core (FiberPool::RubyCore), the fallback
+# where ext/memkit is not built and the reference the C core mirrors.
+class FiberPoolRubyCoreTest < FiberPoolTest
+  class RubyPool < Memkit::FiberPool
+    include Memkit::FiberPool::RubyCore
+  end
+
+  def pool_class = RubyPool
+
+  def test_rubycore_replaces_the_c_methods
+    refute_nil RubyPool.instance_method(:run).source_location, "#run should be RubyCore's"
+  end
+end
+
+# Which core Memkit::FiberPool runs on.
+class FiberPoolCoreTest < Minitest::Test
+  def test_the_c_core_is_used_when_built
+    built = Dir[File.join(Memkit::TestHelpers::ROOT, "lib/memkit", RbConfig::CONFIG["ruby_version"], "fiber_pool_native.*")]
+    skip "ext/memkit is not built for this Ruby (rake compile)" if built.empty?
+
+    assert Memkit::FiberPool::NATIVE
+    refute_includes Memkit::FiberPool.ancestors, Memkit::FiberPool::RubyCore
+    assert_equal "Memkit::FiberPool#run", Memkit::FiberPool.instance_method(:run).then { |m| "#{m.owner}##{m.name}" }
+    assert_nil Memkit::FiberPool.instance_method(:run).source_location, "#run should be the C method"
+  end
+
+  def test_without_the_c_core_memkit_falls_back_to_the_ruby_core
+    Dir.mktmpdir do |dir|
+      FileUtils.cp_r(File.join(Memkit::TestHelpers::ROOT, "lib"), dir)
+      Dir[File.join(dir, "lib/memkit/*/fiber_pool_native.*")].each { |f| File.delete(f) }
+      script = 'require "memkit"; pool = Memkit::FiberPool.new; ' \
+               'p [Memkit::FiberPool::NATIVE, Memkit::FiberPool.include?(Memkit::FiberPool::RubyCore), pool.run(2) { |x| x * 21 }]'
+      out, status = Open3.capture2e({ "RUBYOPT" => nil, "RUBYLIB" => nil }, RbConfig.ruby, "--disable-gems", "-I", File.join(dir, "lib"), "-e", script)
+      assert status.success?, out
+      assert_equal "[false, true, 42]\n", out
+    end
   end
 end

@@ -18,10 +18,16 @@ module Memkit
     # every round so that load from other processes hits them alike:
     #   new:   Fiber.new { job }.resume for every job
     #   pool:  Memkit::FiberPool#run { job } (errors, fiber-locals, storage handled)
+    #   ruby_pool: the same on FiberPool::RubyCore, the fallback to the C core
     #   bare:  one fiber resumed again and again with no hygiene at all (the ceiling)
     # Every figure is the median of the rounds.
     class Fiber
-      JOB_SHAPES = %w[new pool bare].freeze
+      JOB_SHAPES = %w[new pool ruby_pool bare].freeze
+
+      # The pool on its Ruby core, to compare with the C core when it is built.
+      class RubyPool < FiberPool
+        include FiberPool::RubyCore
+      end
       VM_SHAPES = %w[allocate reuse switch].freeze
 
       def self.run(argv, out: $stdout)
@@ -51,14 +57,14 @@ module Memkit
         # fibers' stacks, so a child forked later would reuse them for free.
         count = count_in_child(@fibers)
         rates = Hash.new { |h, k| h[k] = [] }
-        pool = FiberPool.new
+        pools = { "pool" => FiberPool.new, "ruby_pool" => RubyPool.new }
         @rounds.times do
-          JOB_SHAPES.each { |shape| rates[shape] << rate(@jobs) { job_loop(shape, pool, @jobs) } }
+          JOB_SHAPES.each { |shape| rates[shape] << rate(@jobs) { job_loop(shape, pools[shape], @jobs) } }
           VM_SHAPES.each { |shape| rates[shape] << rate(@jobs) { vm_loop(shape, @jobs) } }
         end
         medians = rates.transform_values { |v| median(v) }
         report = {
-          ruby: RUBY_DESCRIPTION, rounds: @rounds, jobs: @jobs,
+          ruby: RUBY_DESCRIPTION, rounds: @rounds, jobs: @jobs, pool_core: FiberPool::NATIVE ? "c" : "ruby",
           per_second: medians.transform_values(&:round),
           ratios: { pool_vs_new: ratio(medians["pool"], medians["new"]),
                     bare_vs_new: ratio(medians["bare"], medians["new"]),
@@ -79,7 +85,7 @@ module Memkit
             ::Fiber.new { i + 1 }.resume
             i += 1
           end
-        when "pool"
+        when "pool", "ruby_pool"
           while i < n
             pool.run { i + 1 }
             i += 1
@@ -145,6 +151,8 @@ module Memkit
       def print_report(r)
         rows = r[:per_second].map { |shape, per_s| [shape, per_s.to_s, unit(shape)] }
         @out.puts "#{r[:ruby]}"
+        @out.puts "FiberPool core: #{r[:pool_core] == "c" ? "C (ext/memkit)" : "Ruby (ext/memkit not built)"}; " \
+                  "ruby_pool is the Ruby core"
         @out.puts "medians of #{r[:rounds]} interleaved rounds, #{r[:jobs]} jobs (or fibers, or switches) each"
         @out.puts CLI.table(%w[shape per_second unit], rows, left: [0, 2])
         @out.puts format("pool/new %.2fx   bare/new %.2fx   pool/bare %.2fx",
