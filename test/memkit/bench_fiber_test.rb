@@ -10,7 +10,7 @@ class BenchFiberTest < Minitest::Test
     assert status.success?, err
     report = JSON.parse(out)
     assert_equal RUBY_DESCRIPTION, report["ruby"]
-    assert_equal %w[allocate bare new pool reuse ruby_pool switch], report["per_second"].keys.sort
+    assert_equal %w[allocate bare new pool reuse switch], report["per_second"].keys.sort
     assert_equal "c", report["pool_core"], "rake test builds ext/memkit, and the CLI must load it" if Memkit::FiberPool::NATIVE
     report["per_second"].each_value { |rate| assert_operator rate, :>, 0 }
     ratio = report["per_second"]["pool"].fdiv(report["per_second"]["new"])

@@ -18,16 +18,10 @@ module Memkit
     # every round so that load from other processes hits them alike:
     #   new:   Fiber.new { job }.resume for every job
     #   pool:  Memkit::FiberPool#run { job } (errors, fiber-locals, storage handled)
-    #   ruby_pool: the same on FiberPool::RubyCore, the fallback to the C core
     #   bare:  one fiber resumed again and again with no hygiene at all (the ceiling)
     # Every figure is the median of the rounds.
     class Fiber
-      JOB_SHAPES = %w[new pool ruby_pool bare].freeze
-
-      # The pool on its Ruby core, to compare with the C core when it is built.
-      class RubyPool < FiberPool
-        include FiberPool::RubyCore
-      end
+      JOB_SHAPES = %w[new pool bare].freeze
       VM_SHAPES = %w[allocate reuse switch].freeze
 
       def self.run(argv, out: $stdout)
@@ -57,9 +51,9 @@ module Memkit
         # fibers' stacks, so a child forked later would reuse them for free.
         count = count_in_child(@fibers)
         rates = Hash.new { |h, k| h[k] = [] }
-        pools = { "pool" => FiberPool.new, "ruby_pool" => RubyPool.new }
+        pool = FiberPool.new
         @rounds.times do
-          JOB_SHAPES.each { |shape| rates[shape] << rate(@jobs) { job_loop(shape, pools[shape], @jobs) } }
+          JOB_SHAPES.each { |shape| rates[shape] << rate(@jobs) { job_loop(shape, pool, @jobs) } }
           VM_SHAPES.each { |shape| rates[shape] << rate(@jobs) { vm_loop(shape, @jobs) } }
         end
         medians = rates.transform_values { |v| median(v) }
@@ -85,7 +79,7 @@ module Memkit
             ::Fiber.new { i + 1 }.resume
             i += 1
           end
-        when "pool", "ruby_pool"
+        when "pool"
           while i < n
             pool.run { i + 1 }
             i += 1
@@ -151,8 +145,7 @@ module Memkit
       def print_report(r)
         rows = r[:per_second].map { |shape, per_s| [shape, per_s.to_s, unit(shape)] }
         @out.puts "#{r[:ruby]}"
-        @out.puts "FiberPool core: #{r[:pool_core] == "c" ? "C (ext/memkit)" : "Ruby (ext/memkit not built)"}; " \
-                  "ruby_pool is the Ruby core"
+        @out.puts "FiberPool core: #{r[:pool_core] == "c" ? "C (ext/memkit)" : "Ruby (ext/memkit is not built)"}"
         @out.puts "medians of #{r[:rounds]} interleaved rounds, #{r[:jobs]} jobs (or fibers, or switches) each"
         @out.puts CLI.table(%w[shape per_second unit], rows, left: [0, 2])
         @out.puts format("pool/new %.2fx   bare/new %.2fx   pool/bare %.2fx",
