@@ -158,13 +158,17 @@ static VALUE fiber_body(RB_BLOCK_CALL_FUNC_ARGLIST(job, self))
 
 static VALUE spawn(VALUE self, pool_t *p)
 {
+    VALUE fiber;
     if (p->live >= p->max)
         rb_raise(eExhausted, "FiberPool: all %ld fibers are busy (max: %ld): that many jobs are nested or suspended",
                  p->max, p->max);
-    p->live++;
     /* Through Fiber.new rather than rb_fiber_new, which makes a blocking
      * fiber: a job in it could not wait on a Fiber scheduler. */
-    return rb_funcall_with_block(cFiber, id_new, 0, NULL, rb_proc_new(fiber_body, self));
+    fiber = rb_funcall_with_block(cFiber, id_new, 0, NULL, rb_proc_new(fiber_body, self));
+    /* Counted once made: Fiber.new fails when the process is out of
+     * mappings (vm.max_map_count), and that fiber never lived. */
+    p->live++;
+    return fiber;
 }
 
 /* FiberPool#run(*args) { |*args| job } */

@@ -242,7 +242,6 @@ module Memkit
         owner!(@thread)
         raise Exhausted, "FiberPool: all #{@max} fibers are busy (max: #{@max}): that many jobs are nested or suspended" if @live >= @max
 
-        @live += 1
         fiber = nil
         fiber = ::Fiber.new do |job|
           thread = Thread.current
@@ -293,6 +292,10 @@ module Memkit
             end
           end
         end
+        # Counted once made: Fiber.new fails when the process is out of
+        # mappings (vm.max_map_count), and that fiber never lived.
+        @live += 1
+        fiber
       end
     end
 
