@@ -29,7 +29,7 @@ require "tmpdir"
 require_relative "../lib/memkit/loopback"
 require "fileutils"
 require "etc"
-require_relative "../test/memkit/servers_helper"
+require_relative "../test/support/servers"
 
 module OobgcBenchRunner
   include Memkit::ServersHelper

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 require "test_helper"
-require_relative "servers_helper"
+require "support/servers"
 
 class MemoryLimitTest < Minitest::Test
   include Memkit::ServersHelper

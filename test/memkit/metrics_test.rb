@@ -3,7 +3,7 @@
 require "test_helper"
 require "json"
 require "net/http"
-require_relative "servers_helper"
+require "support/servers"
 
 class MetricsTest < Minitest::Test
   include Memkit::ServersHelper

@@ -2,7 +2,7 @@
 
 require "test_helper"
 require "json"
-require_relative "servers_helper"
+require "support/servers"
 
 class OobGCTest < Minitest::Test
   include Memkit::ServersHelper

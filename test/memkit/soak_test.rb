@@ -5,7 +5,7 @@ require "json"
 require "pty"
 require "stringio"
 require "memkit/cli"
-require_relative "servers_helper"
+require "support/servers"
 
 # `memkit soak` end to end: real processes, real config.ru files, a real
 # Unicorn on 127.0.0.1 for the URL mode.
