@@ -11,9 +11,21 @@ module OobgcBench
   # Long-lived objects, spread over several slot sizes.
   RETAINED = Array.new(150_000) { |i| ["k#{i}", "value #{i} " * (1 + i % 6), { id: i, name: "n#{i}" }] }.freeze
 
+  # Each request's rows stay reachable for the next KEEP requests, as a
+  # fragment cache or memoized lookups keep them in a real app: they survive
+  # a few minor GCs, are promoted, and then die old, so major GCs come every
+  # few dozen requests. With KEEP=0 nothing outlives its request and only
+  # short minor GCs happen.
+  KEEP = Integer(ENV.fetch("OOBGC_KEEP", "20"))
+  RECENT = []
+
   def self.render
     rows = Array.new(ROWS) do |i|
       { "id" => i, "name" => "row #{i}", "tags" => %w[a b c].map { |t| "#{t}#{i}" }, "text" => "lorem ipsum " * (i % 8) }
+    end
+    if KEEP.positive?
+      RECENT << rows
+      RECENT.shift while RECENT.size > KEEP
     end
     JSON.generate(rows).bytesize.to_s
   end

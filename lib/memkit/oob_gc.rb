@@ -173,22 +173,18 @@ module Memkit
     # :major, :minor or nil: the GC the next request (with headroom) would start.
     def due?
       objects, malloc = @rate
-      malloc_next = malloc * @headroom
-      major = major_pending?(malloc_next)
       minor = (slots_short?(objects) && !starved?) ||
-              @stat[:malloc_increase_bytes] + malloc_next > @stat[:malloc_increase_bytes_limit]
-      if minor
-        major ? :major : :minor
-      elsif @stat[:oldmalloc_increase_bytes] + malloc_next > @stat[:oldmalloc_increase_bytes_limit]
-        :major # an oldmalloc overrun starts a major GC by itself
-      end
+              @stat[:malloc_increase_bytes] + malloc * @headroom > @stat[:malloc_increase_bytes_limit]
+      return unless minor
+
+      major_pending? ? :major : :minor
     end
 
     # Ruby decides at the end of a GC that the next one will be major (too
     # many old objects, or unprotected ones); 3.3 tells us, older Rubies need
     # the same test done here. Whichever GC the next request triggers will then
     # be major, so the out-of-band one must be too.
-    def major_pending?(malloc_next)
+    def major_pending?
       info = GC.latest_gc_info
       return true if info[:need_major_by]
       return true if @stat[:old_objects] >= @stat[:old_objects_limit]
@@ -196,7 +192,12 @@ module Memkit
       limit = @stat[:remembered_wb_unprotected_objects_limit].to_i
       return true if limit.positive? && @stat[:remembered_wb_unprotected_objects] >= limit
 
-      @stat[:oldmalloc_increase_bytes] + malloc_next > @stat[:oldmalloc_increase_bytes_limit]
+      # Ruby compares oldmalloc with its limit when a GC starts, and only then
+      # picks a major one for it (it never starts a GC for oldmalloc alone).
+      # Running the major before the limit is crossed would hide the overrun
+      # from Ruby, which then shrinks the limit instead of growing it, and
+      # majors come ever more often.
+      @stat[:oldmalloc_increase_bytes] > @stat[:oldmalloc_increase_bytes_limit]
     end
 
     def slots_short?(objects, headroom = @headroom)
