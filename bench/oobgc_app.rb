@@ -11,12 +11,12 @@ module OobgcBench
   # Long-lived objects, spread over several slot sizes.
   RETAINED = Array.new(150_000) { |i| ["k#{i}", "value #{i} " * (1 + i % 6), { id: i, name: "n#{i}" }] }.freeze
 
-  # Each request's rows stay reachable for the next KEEP requests, as a
-  # fragment cache or memoized lookups keep them in a real app: they survive
-  # a few minor GCs, are promoted, and then die old, so major GCs come every
-  # few dozen requests. With KEEP=0 nothing outlives its request and only
-  # short minor GCs happen.
-  KEEP = Integer(ENV.fetch("OOBGC_KEEP", "20"))
+  # OOBGC_KEEP=N keeps each request's rows reachable for the next N
+  # requests, as a fragment cache or memoized lookups would: they survive a
+  # few minor GCs, are promoted and die old, so major GCs come every few
+  # dozen requests. The default, 0, keeps nothing past its request: only
+  # minor GCs (the app the recorded bench/RESULTS.md runs used).
+  KEEP = Integer(ENV.fetch("OOBGC_KEEP", "0"))
   RECENT = []
 
   def self.render
