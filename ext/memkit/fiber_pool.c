@@ -27,7 +27,7 @@ typedef struct {
     int done, failed, keep_hot;
 } pool_t;
 
-static VALUE eExhausted, cQueue, cFiber;
+static VALUE eExhausted, eInvalidArgument, cQueue, cFiber;
 static ID id_new, id_keys, id_owner_bang, id_suspended, id_storage, id_clear_storage, id_restore_storage, id_push,
     id_max_idle, id_max;
 static int storage_p; /* FiberPool::STORAGE: Fiber[] and Fiber#storage exist (Ruby 3.2+) */
@@ -177,8 +177,7 @@ static VALUE pool_run(int argc, VALUE *argv, VALUE self)
     pool_t *p = get_pool(self);
     VALUE job, fiber, value;
 
-    if (!rb_block_given_p()) rb_raise(rb_const_get(rb_path2class("Memkit"), rb_intern("InvalidArgument")),
-                                      "FiberPool#run needs a block");
+    if (!rb_block_given_p()) rb_raise(eInvalidArgument, "FiberPool#run needs a block");
     /* Checked first: resuming across threads would raise FiberError. */
     if (p->thread != rb_thread_current()) rb_funcall(self, id_owner_bang, 1, p->thread);
     job = rb_block_proc();
@@ -261,10 +260,12 @@ void Init_fiber_pool_native(void)
     VALUE cPool = rb_const_get(mMemkit, rb_intern("FiberPool"));
 
     eExhausted = rb_const_get(cPool, rb_intern("Exhausted"));
+    eInvalidArgument = rb_const_get(mMemkit, rb_intern("InvalidArgument"));
     cQueue = rb_path2class("Thread::Queue");
     cFiber = rb_path2class("Fiber");
     /* Held in C statics: pinned, so GC.compact (Memkit.warmup) cannot move them. */
     rb_gc_register_mark_object(eExhausted);
+    rb_gc_register_mark_object(eInvalidArgument);
     rb_gc_register_mark_object(cQueue);
     rb_gc_register_mark_object(cFiber);
     storage_p = RTEST(rb_const_get(cPool, rb_intern("STORAGE")));
