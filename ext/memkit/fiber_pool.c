@@ -254,10 +254,11 @@ static VALUE pool_wait_queue(VALUE self, VALUE fiber)
     return queue;
 }
 
-void Init_fiber_pool_native(void)
+/* Memkit::Native.install_fiber_pool(FiberPool): lib/memkit/fiber_pool.rb calls it
+ * once its constants (Exhausted, STORAGE) exist. */
+static VALUE install_fiber_pool(VALUE mNative, VALUE cPool)
 {
     VALUE mMemkit = rb_define_module("Memkit");
-    VALUE cPool = rb_const_get(mMemkit, rb_intern("FiberPool"));
 
     eExhausted = rb_const_get(cPool, rb_intern("Exhausted"));
     eInvalidArgument = rb_const_get(mMemkit, rb_intern("InvalidArgument"));
@@ -290,4 +291,10 @@ void Init_fiber_pool_native(void)
     rb_define_private_method(cPool, "take_failed", pool_take_failed, 0);
     rb_define_private_method(cPool, "lost_fiber", pool_lost_fiber, 0);
     rb_define_private_method(cPool, "wait_queue", pool_wait_queue, 1);
+    return Qtrue;
+}
+
+void memkit_init_fiber_pool(VALUE mNative)
+{
+    rb_define_module_function(mNative, "install_fiber_pool", install_fiber_pool, 1);
 }

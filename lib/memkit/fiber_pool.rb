@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-require "rbconfig"
+require_relative "native"
 
 module Memkit
   # Runs jobs in reused fibers.
@@ -299,21 +299,7 @@ module Memkit
       end
     end
 
-    # Built by `rake compile` or `gem install`, into a folder per Ruby ABI.
-    # Next to this file in a checkout; RubyGems also copies it there, but a
-    # gem's extension folder on $LOAD_PATH is where it is built first.
-    native = "#{RbConfig::CONFIG.fetch("ruby_version")}/fiber_pool_native"
-    NATIVE = begin
-      require_relative native
-      true
-    rescue LoadError
-      begin
-        require "memkit/#{native}"
-        true
-      rescue LoadError
-        include RubyCore
-        false
-      end
-    end
+    NATIVE = Native::LOADED && Native.install_fiber_pool(self)
+    include RubyCore unless NATIVE
   end
 end

@@ -351,7 +351,7 @@ end
 # Which core Memkit::FiberPool runs on.
 class FiberPoolCoreTest < Minitest::Test
   def test_the_c_core_is_used_when_built
-    built = Dir[File.join(Memkit::TestHelpers::ROOT, "lib/memkit", RbConfig::CONFIG["ruby_version"], "fiber_pool_native.*")]
+    built = Dir[File.join(Memkit::TestHelpers::ROOT, "lib/memkit", RbConfig::CONFIG["ruby_version"], "memkit_native.*")]
     skip "ext/memkit is not built for this Ruby (rake compile)" if built.empty?
 
     assert Memkit::FiberPool::NATIVE
@@ -363,7 +363,7 @@ class FiberPoolCoreTest < Minitest::Test
   def test_without_the_c_core_memkit_falls_back_to_the_ruby_core
     Dir.mktmpdir do |dir|
       FileUtils.cp_r(File.join(Memkit::TestHelpers::ROOT, "lib"), dir)
-      Dir[File.join(dir, "lib/memkit/*/fiber_pool_native.*")].each { |f| File.delete(f) }
+      Dir[File.join(dir, "lib/memkit/*/memkit_native.*")].each { |f| File.delete(f) }
       script = 'require "memkit"; pool = Memkit::FiberPool.new; ' \
                'p [Memkit::FiberPool::NATIVE, Memkit::FiberPool.include?(Memkit::FiberPool::RubyCore), pool.run(2) { |x| x * 21 }]'
       out, status = Open3.capture2e({ "RUBYOPT" => nil, "RUBYLIB" => nil }, RbConfig.ruby, "--disable-gems", "-I", File.join(dir, "lib"), "-e", script)

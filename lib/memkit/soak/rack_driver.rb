@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "../native"
+
 module Memkit
   module Soak
     # Calls a Rack app from a config.ru in this process, as a server would:
@@ -7,16 +9,22 @@ module Memkit
     # rack.response_finished and rack.after_reply callbacks run. No sockets,
     # so nothing but the app allocates between samples.
     class RackDriver
+      NATIVE = Native::LOADED
+
       attr_reader :path, :app
 
       # The env a bare loop would use: what every request's env starts from.
       def base_env = @env
 
-      def initialize(path, url_path: "/")
+      # native: check responses and copy envs in C (ext/memkit); false forces
+      # the Ruby loop, which must behave the same (tests, bench/soak_overhead.rb).
+      def initialize(path, url_path: "/", native: NATIVE)
         @path = File.expand_path(path.to_s)
         raise InvalidArgument, "no such file: #{path}" unless File.file?(@path)
         raise InvalidArgument, "not a Rack config (expected a .ru file): #{path}" unless @path.end_with?(".ru")
+        raise InvalidArgument, "#{label}: native: true, but ext/memkit is not built (rake compile)" if native && !NATIVE
 
+        @native = native ? true : false
         @app = load_app
         @env = build_env(url_path)
         @served = 0
@@ -25,49 +33,23 @@ module Memkit
 
       def label = File.basename(@path)
 
-      # Serves n requests; returns n. Kept tight: this loop is the overhead
-      # bench/soak_overhead.rb compares against a bare `app.call(env.dup)`.
+      # Serves n requests; returns n. This loop is the overhead
+      # bench/soak_overhead.rb compares against a bare `app.call(env.dup)`;
+      # when ext/memkit is built, its per-request checks run in C
+      # (#drive_native).
       #
       # Each env is a copy of a template that already holds rack.input and the
       # two callback arrays: storing three keys into each copy cost as much as
       # a 1 us app. The copy is Hash#merge, not #dup: dup reaches
       # Hash#initialize_copy through a method call, a quarter of the cost of
-      # copying 18 entries (cachegrind, Ruby 3.1). The input has no state to reset;
-      # the arrays are shared only while no request registers a callback: one
-      # that does takes them along and the next request gets new ones.
+      # copying 18 entries (cachegrind, Ruby 3.1). The input has no state to
+      # reset; the arrays are shared only while no request registers a
+      # callback: one that does takes them along and the next request gets
+      # new ones.
       def drive(n)
-        app = @app
-        template = @template
-        finished = @finished
-        after = @after
-        i = 0
-        while i < n
-          response = app.call(env = template.merge)
-          body = response[2]
-          # An Array body is already generated; anything else may do its work
-          # while iterated (or, streaming, when called), as a server would.
-          unless body.instance_of?(Array)
-            if body.respond_to?(:each)
-              body.each { |_chunk| }
-            elsif body.respond_to?(:call)
-              body.call(NullStream)
-            end
-            body.close if body.respond_to?(:close)
-          end
-          unless finished.empty? && after.empty?
-            renew
-            finished.each { |cb| cb.call(env, response[0], response[1], nil) }
-            after.each(&:call)
-            template = @template
-            finished = @finished
-            after = @after
-          end
-          i += 1
-        end
+        @native ? drive_native(n) : drive_ruby(n)
         @served += n
         n
-      rescue StandardError, ScriptError => e
-        raise Error, "#{label}: the app raised on request #{@served + i + 1}: #{e.class}: #{e.message}"
       end
 
       def close = nil
@@ -101,6 +83,87 @@ module Memkit
       end
 
       private
+
+      # Native.soak_next checks the previous response and copies the env in
+      # one C call, in place of the bare loop's Hash#merge; it answers false
+      # for a response #finish must see to. So each request is finished just
+      # before the next one starts, and the last one after the loop.
+      def drive_native(n)
+        app = @app
+        template = @template
+        finished = @finished
+        after = @after
+        native = Native
+        return if n.zero?
+
+        response = app.call(env = template.merge)
+        i = 1
+        while i < n
+          unless (fresh = native.soak_next(template, response, finished, after))
+            finishing = true
+            finish(env, response)
+            finishing = false
+            template = @template
+            finished = @finished
+            after = @after
+            fresh = template.merge
+          end
+          response = app.call(env = fresh)
+          i += 1
+        end
+        finishing = true
+        finish(env, response) unless native.soak_next(template, response, finished, after)
+      rescue StandardError, ScriptError => e
+        raise app_error(e, finishing ? i - 1 : i.to_i)
+      end
+
+      def drive_ruby(n)
+        app = @app
+        template = @template
+        finished = @finished
+        after = @after
+        i = 0
+        while i < n
+          response = app.call(env = template.merge)
+          unless response[2].instance_of?(Array) && finished.empty? && after.empty?
+            finish(env, response)
+            template = @template
+            finished = @finished
+            after = @after
+          end
+          i += 1
+        end
+      rescue StandardError, ScriptError => e
+        raise app_error(e, i)
+      end
+
+      # What a server does after the app returns, beyond the common case: an
+      # Array body is already generated; anything else may do its work while
+      # iterated (or, streaming, when called). Then the callbacks any
+      # middleware registered.
+      def finish(env, response)
+        body = response[2]
+        unless body.instance_of?(Array)
+          if body.respond_to?(:each)
+            body.each { |_chunk| }
+          elsif body.respond_to?(:call)
+            body.call(NullStream)
+          end
+          body.close if body.respond_to?(:close)
+        end
+        return if @finished.empty? && @after.empty?
+
+        finished = @finished
+        after = @after
+        renew
+        finished.each { |cb| cb.call(env, response[0], response[1], nil) }
+        after.each(&:call)
+      end
+
+      # before: requests finished before the one that raised.
+      def app_error(error, before)
+        Error.new("#{label}: the app raised on request #{@served + before + 1}: #{error.class}: #{error.message}")
+      end
 
       def load_app
         begin

@@ -1,0 +1,27 @@
+# frozen_string_literal: true
+
+require "rbconfig"
+
+module Memkit
+  # memkit's optional C extension (ext/memkit): FiberPool's core and the
+  # soak driver's loop. Each has a Ruby version that is used when this is not
+  # built (no compiler or Ruby headers where the gem was installed).
+  #
+  # Built by `rake compile` or `gem install`, into a folder per Ruby ABI: next
+  # to this file in a checkout; RubyGems also copies it there, but a gem's
+  # extension folder on $LOAD_PATH is where it is built first.
+  module Native
+    path = "#{RbConfig::CONFIG.fetch("ruby_version")}/memkit_native"
+    LOADED = begin
+      require_relative path
+      true
+    rescue LoadError
+      begin
+        require "memkit/#{path}"
+        true
+      rescue LoadError
+        false
+      end
+    end
+  end
+end
