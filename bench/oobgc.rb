@@ -12,7 +12,11 @@
 #                     Unicorn's server object; under Puma it finds no Unicorn
 #                     server and does nothing, which the run shows)
 #   puma_out_of_band  Puma's own hook: out_of_band { GC.start } (Puma only)
-#   memkit            use Memkit::OobGC
+#   memkit            use Memkit::OobGC; on Puma also its out_of_band hook
+#                     (what `plugin :memkit` adds), where the GC runs while
+#                     the worker accepts nothing
+#   memkit_reply      Puma only: use Memkit::OobGC without the hook, the GC
+#                     running in rack.after_reply
 #
 # Two loads per mode, each on a freshly booted server after a warm-up:
 #   paced      each wrk connection waits --pace ms between a response and its
@@ -35,7 +39,7 @@ module OobgcBenchRunner
   include Memkit::ServersHelper
   extend self
 
-  MODES = { unicorn: %w[none unicorn_oobgc memkit], puma: %w[none unicorn_oobgc puma_out_of_band memkit] }.freeze
+  MODES = { unicorn: %w[none unicorn_oobgc memkit], puma: %w[none unicorn_oobgc puma_out_of_band memkit_reply memkit] }.freeze
   APP = File.expand_path("oobgc_app.rb", __dir__)
   PACE = File.expand_path("oobgc_pace.lua", __dir__)
 
@@ -69,8 +73,9 @@ module OobgcBenchRunner
 
   def measure(server, mode, load, opts)
     Dir.mktmpdir("memkit-oobgc") do |dir|
-      srv = start_server(server, app_source(mode, dir), dir: dir, port: free_port,
-                                                        extra: mode == "puma_out_of_band" ? "out_of_band { GC.start }" : "")
+      extra = { "puma_out_of_band" => "out_of_band { GC.start }",
+                "memkit" => server == :puma ? "out_of_band { Memkit::OobGC.out_of_band }" : "" }.fetch(mode, "")
+      srv = start_server(server, app_source(mode, dir), dir: dir, port: free_port, extra: extra)
       begin
         url = "http://127.0.0.1:#{srv.port}/"
         wrk(url, opts[:warmup], opts, load)
@@ -97,7 +102,7 @@ module OobgcBenchRunner
     middleware =
       case mode
       when "unicorn_oobgc" then %(require "unicorn"\nrequire "unicorn/oob_gc"\nuse Unicorn::OobGC, 5)
-      when "memkit" then "use Memkit::OobGC"
+      when "memkit", "memkit_reply" then "use Memkit::OobGC"
       else ""
       end
     <<~RUBY

@@ -35,6 +35,40 @@ module Memkit
     # Requests a busy Puma worker may still serve, over its limit, while
     # waiting for an idle moment to ask for its replacement.
     LINGER = 50
+    # How long Puma's out_of_band hook holds the worker's accept loop after
+    # SIGTERM (see .out_of_band).
+    HOOK_HOLD = 0.05
+
+    @lock = Mutex.new
+    @hook_pid = nil # the process where Puma's out_of_band hook has run
+    @pending = nil  # the middleware waiting for that hook to replace its worker
+
+    class << self
+      # Puma's out_of_band hook (`plugin :memkit`, or
+      # `out_of_band { Memkit::MemoryLimit.out_of_band }`). Puma runs it with
+      # every thread idle and accepts nothing until it returns, so this is
+      # where a draining worker sends itself SIGTERM: it then keeps the hook
+      # for HOOK_HOLD, time for Puma's trap to queue the stop, which its
+      # accept loop handles before any connection, and for a connection
+      # accepted just before to deliver its request (Puma closes one whose
+      # request has not arrived at shutdown). Returns true if it did.
+      def out_of_band
+        pending = @lock.synchronize do
+          @hook_pid = Process.pid
+          @pending.tap { @pending = nil }
+        end
+        return false unless pending&.send(:replace_from_hook)
+
+        sleep HOOK_HOLD
+        true
+      end
+
+      def hooked? = @lock.synchronize { @hook_pid == Process.pid } # :nodoc:
+
+      def pending=(middleware) # :nodoc:
+        @lock.synchronize { @pending = middleware }
+      end
+    end
 
     attr_reader :max_uss, :max_requests, :jitter
 
@@ -117,6 +151,8 @@ module Memkit
       @requests = 0
       @reason = nil
       @draining = false
+      @replaced = false
+      @via_hook = false
       @closed = 0
       @quiet_until_rss = 0
       @server = server(env)
@@ -141,11 +177,15 @@ module Memkit
     # (https://github.com/puma/puma/issues/4015). So a Puma worker first tells
     # clients to close their connections ("connection: close" on every
     # response), and sends itself SIGTERM once it has done so at least once and
-    # has no request in flight -- or has had none for a second, or has served
-    # LINGER more requests. Idle keep-alive connections left in Puma's reactor
-    # are closed cleanly at shutdown.
+    # has no request in flight: from Puma's out_of_band hook when it has one
+    # (.out_of_band), else from a thread that polls for that moment. Either
+    # way it also goes once it has had no idle moment for a second, or has
+    # served LINGER more requests. Idle keep-alive connections left in Puma's
+    # reactor are closed cleanly at shutdown.
     def drain_then_replace(reason)
       @draining = true
+      hooked = self.class.hooked?
+      self.class.pending = self if hooked
       Thread.new do
         since = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         loop do
@@ -153,10 +193,27 @@ module Memkit
           idle = @lock.synchronize { @in_flight.zero? }
           now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
           since = now unless idle
-          break if (idle && @closed.positive?) || now - since > 1 || @closed > LINGER
+          break if (idle && @closed.positive? && !hooked) || now - since > 1 || @closed > LINGER
+          break if @lock.synchronize { @replaced }
         end
-        replace(reason)
+        replace_once
       end
+    end
+
+    # From Puma's out_of_band hook: true if this worker is now going.
+    def replace_from_hook
+      unless @lock.synchronize { @closed.positive? && @in_flight.zero? }
+        self.class.pending = self # not yet: at a later idle moment
+        return false
+      end
+      @via_hook = true
+      replace_once
+    end
+
+    def replace_once
+      go = @lock.synchronize { !@replaced && (@replaced = true) }
+      replace(@reason) if go
+      go
     end
 
     # The reason to replace this worker, or nil.
@@ -199,7 +256,7 @@ module Memkit
         how.call(reason)
       elsif how
         signal = how.to_s.delete_prefix("SIG").upcase
-        log "memkit: worker #{Process.pid} #{reason}; asking #{@server || 'the server'} to replace it (SIG#{signal})"
+        log "memkit: worker #{Process.pid} #{reason}; asking #{@server || 'the server'} to replace it (SIG#{signal}#{@via_hook ? ", from Puma's out_of_band hook" : ''})"
         Process.kill(signal, Process.pid)
       else
         log "memkit: worker #{Process.pid} #{reason}; not restarting it: #{@server ? 'Puma in single mode has no master to start a new worker' : 'unknown server (SERVER_SOFTWARE ' + @software.inspect + '); pass replace: to MemoryLimit'}"

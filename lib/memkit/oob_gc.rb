@@ -27,10 +27,21 @@ module Memkit
   # It counts only when no request is in flight in this process, so GCs
   # started by a Puma thread while another thread serves a request are not
   # called out of band (and are not run: it waits for an idle moment).
+  #
+  # On Puma, add the out_of_band hook (`plugin :memkit` does it):
+  #
+  #   out_of_band { Memkit::OobGC.out_of_band }
+  #
+  # Puma runs that hook once all the worker's threads are idle and accepts no
+  # connection until it returns, so a request that arrives during the GC goes
+  # to another worker instead of waiting in this one's queue. Once the hook
+  # has run in a worker, the middleware leaves to it every GC the next request
+  # could still do without.
   class OobGC
     # Process-wide counters: GC is process-wide, so are the figures about it.
+    # oob_hook: how many of the out-of-band runs Puma's out_of_band hook made.
     Stats = Struct.new(:requests, :oob_minor, :oob_major, :inside_minor, :inside_major,
-                       :oob_seconds, keyword_init: true) do
+                       :oob_seconds, :oob_hook, keyword_init: true) do
       def oob_total = oob_minor + oob_major
       def inside_total = inside_minor + inside_major
 
@@ -46,9 +57,12 @@ module Memkit
     MIN_FREE_RATIO = Float(ENV.fetch("RUBY_GC_HEAP_FREE_SLOTS_MIN_RATIO", "0.20")) rescue 0.20
 
     @lock = Mutex.new
-    @stats = Stats.new(requests: 0, oob_minor: 0, oob_major: 0, inside_minor: 0, inside_major: 0, oob_seconds: 0.0)
+    @stats = Stats.new(requests: 0, oob_minor: 0, oob_major: 0, inside_minor: 0, inside_major: 0, oob_seconds: 0.0,
+                       oob_hook: 0)
     @in_flight = 0
     @mark = nil
+    @hook_pid = nil # the process where Puma's out_of_band hook has run
+    @pending = nil  # the middleware that has a GC due, for that hook
 
     class << self
       # A frozen copy of this process's counters (see Stats).
@@ -85,6 +99,26 @@ module Memkit
           end
           yield if block_given?
         end
+      end
+
+      # Puma's out_of_band hook: runs the GC a middleware found due, now that
+      # the worker is idle and not accepting.
+      def out_of_band
+        @lock.synchronize do
+          @hook_pid = Process.pid
+          pending = @pending
+          @pending = nil
+          @stats.oob_hook += pending.send(:out_of_band) if pending && @in_flight.zero?
+        end
+      end
+
+      # Under the lock (in #leave's block): leave the GC to the server's hook
+      # if it has one in this process, else run it now.
+      def defer(middleware) # :nodoc:
+        return false unless @hook_pid == Process.pid
+
+        @pending = middleware
+        true
       end
 
       def record(major, seconds) # :nodoc:
@@ -152,8 +186,19 @@ module Memkit
       self.class.leave do
         learn(before)
         due = due?
-        run(due) if due
+        # Left to the hook only while the next request still fits: the hook
+        # does not run if that request is already queued, and then the GC
+        # would start inside it.
+        run(due) if due && (due?(1.0) || !self.class.defer(self))
       end
+    end
+
+    # Called by OobGC.out_of_band, under its lock, with no request in flight:
+    # the heap as it is now decides. Returns the number of GCs run.
+    def out_of_band
+      GC.stat(@stat)
+      due = due?
+      due ? run(due) : 0
     end
 
     # A request during which a GC ran says nothing about malloc growth (the
@@ -171,10 +216,10 @@ module Memkit
     end
 
     # :major, :minor or nil: the GC the next request (with headroom) would start.
-    def due?
+    def due?(headroom = @headroom)
       objects, malloc = @rate
-      minor = (slots_short?(objects) && !starved?) ||
-              @stat[:malloc_increase_bytes] + malloc * @headroom > @stat[:malloc_increase_bytes_limit]
+      minor = (slots_short?(objects, headroom) && !starved?) ||
+              @stat[:malloc_increase_bytes] + malloc * headroom > @stat[:malloc_increase_bytes_limit]
       return unless minor
 
       major_pending? ? :major : :minor
@@ -229,7 +274,9 @@ module Memkit
       GC::INTERNAL_CONSTANTS.fetch(:HEAP_PAGE_OBJ_LIMIT, 409)
     end
 
+    # Returns how many GCs it ran (1 or 2).
     def run(kind)
+      runs = 1
       collect(kind)
       GC.stat(@stat)
       # A minor GC that leaves less than the minimum free share of the heap
@@ -240,8 +287,10 @@ module Memkit
       if kind == :minor && major_next?
         collect(:major)
         GC.stat(@stat)
+        runs += 1
       end
       @starved_at = slots_short?(@rate[0], 1.0) ? @stat[:heap_available_slots] : nil
+      runs
     end
 
     def major_next?
@@ -253,7 +302,10 @@ module Memkit
 
     def collect(kind)
       started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-      # immediate_sweep, so the next request does not pay for lazy sweeping.
+      # immediate_sweep, so the next request does not pay for lazy sweeping,
+      # and the free slots count at once: with lazy sweep the heap still looks
+      # full after the GC, so twice as many ran and p99 was 5-7x that of no
+      # OobGC on bench/oobgc.rb (bench/RESULTS.md).
       GC.start(full_mark: kind == :major, immediate_sweep: true)
       self.class.record(kind == :major, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
     end

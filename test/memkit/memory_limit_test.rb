@@ -55,7 +55,13 @@ class MemoryLimitTest < Minitest::Test
     }
   RUBY
 
+  # With `plugin :memkit` the worker asks for its replacement from Puma's
+  # out_of_band hook; without it, from a thread that waits for an idle moment.
   def test_puma_cluster_replaces_bloated_workers_without_failed_requests
+    recycle_under(:puma, extra: "plugin :memkit")
+  end
+
+  def test_puma_cluster_without_the_plugin_replaces_bloated_workers_without_failed_requests
     recycle_under(:puma)
   end
 
@@ -69,10 +75,10 @@ class MemoryLimitTest < Minitest::Test
   # GVL would stall between connect and write, which no real client does),
   # hammer a leaking app until the workers have been replaced at least 5
   # times; every request must get a 2xx response.
-  def recycle_under(kind)
+  def recycle_under(kind, extra: "")
     Dir.mktmpdir("memkit-limit") do |dir|
       server = start_server(kind, LEAKY_APP, dir: dir, port: free_port, threads: 2,
-                                             env: { "MAX_USS" => "90MB" }, check_path: "/ping")
+                                             env: { "MAX_USS" => "90MB" }, check_path: "/ping", extra: extra)
       begin
         wanted = Integer(ENV.fetch("MEMKIT_RECYCLES", "5"))
         stop_file = File.join(dir, "stop")
@@ -94,10 +100,16 @@ class MemoryLimitTest < Minitest::Test
         summaries = results.map { |lines| lines.grep(/\Adone/).first.to_s }
         served = results.flatten.grep(/\A\d+\z/).size
         log = server.log_text
-        replaced = log.scan(/memkit: worker \d+ uss .* asking #{kind} to replace it \(SIG#{kind == :puma ? 'TERM' : 'QUIT'}\)/i)
+        replaced = log.scan(/memkit: worker \d+ uss .* asking #{kind} to replace it \(SIG#{kind == :puma ? 'TERM' : 'QUIT'}[,)]/i)
         assert_empty errors, "failed requests under #{kind} (#{served} served):\n#{errors.first(5).join("\n")}"
         assert_operator seen.size - 2, :>=, wanted, "worker pids seen: #{seen.size}"
         assert_operator replaced.size, :>=, wanted, "replacement log lines:\n#{log[-3000..]}"
+        from_hook = log.scan(/from Puma's out_of_band hook/).size
+        if extra.include?("plugin :memkit")
+          assert_operator from_hook, :>=, replaced.size / 2, "most replacements should come from the hook:\n#{log[-3000..]}"
+        else
+          assert_equal 0, from_hook
+        end
         puts "\n#{kind}: #{served} requests, #{seen.size} worker pids, #{replaced.size} replacements logged; " \
              "per client: #{summaries.join('; ')}"
       ensure

@@ -52,6 +52,39 @@ class OobGCTest < Minitest::Test
     end
   end
 
+  # Puma's out_of_band hook, played here after every request as Puma calls it
+  # once its threads are idle: from its first call on, the middleware leaves
+  # the GCs it can to it. Fresh process: the hook is noticed per process.
+  def test_leaves_the_gc_to_the_out_of_band_hook_once_it_runs
+    in_fresh_process { leaves_the_gc_to_the_out_of_band_hook_once_it_runs }
+  end
+
+  def leaves_the_gc_to_the_out_of_band_hook_once_it_runs
+    app = Memkit::OobGC.new(ALLOCATING)
+    serve(app, 100, hook: :after_reply)
+    before_hook = Memkit::OobGC.stats
+    assert_operator before_hook.oob_total, :>=, 3, before_hook.to_h
+    assert_equal 0, before_hook.oob_hook
+
+    Memkit::OobGC.reset_stats
+    serve(app, 150, hook: :after_reply, out_of_band: true)
+    stats = Memkit::OobGC.stats
+    assert_operator stats.oob_total, :>=, 5, stats.to_h
+    # The first request's GC may run before the hook has been seen, and a GC
+    # the next request could not avoid runs at once.
+    assert_operator stats.oob_hook, :>=, stats.oob_total / 2, "most GCs should run in the hook: #{stats.to_h}"
+    assert_operator stats.outside_ratio, :>=, 0.9, stats.to_h
+
+    # A hook that stops being called (a Puma worker that is never idle): the
+    # GCs run after the response once the next request could not avoid one.
+    Memkit::OobGC.reset_stats
+    serve(app, 150, hook: :after_reply)
+    stats = Memkit::OobGC.stats
+    assert_equal 0, stats.oob_hook, stats.to_h
+    assert_operator stats.oob_total, :>=, 5, stats.to_h
+    assert_operator stats.outside_ratio, :>=, 0.9, stats.to_h
+  end
+
   # Requests that keep what they allocate make old objects pile up until Ruby
   # needs a major GC; the middleware runs that one between requests too.
   def test_runs_the_major_gc_when_ruby_would
@@ -122,10 +155,11 @@ class OobGCTest < Minitest::Test
 
   # Real servers, 2 workers each: after warm-up, every worker ran GCs out of
   # band and at least 90% of its GC runs were outside requests.
+  # Puma with `plugin :memkit`: the GCs run in Puma's out_of_band hook.
   def test_on_real_unicorn_and_puma
     %i[unicorn puma].each do |kind|
       Dir.mktmpdir("memkit-oobgc") do |dir|
-        server = start_server(kind, APP, dir: dir, port: (@port = free_port))
+        server = start_server(kind, APP, dir: dir, port: (@port = free_port), extra: kind == :puma ? "plugin :memkit" : "")
         begin
           # Two clients at once, so that both workers get requests.
           load = -> { both { |c| 100.times { c.get("/") } } }
@@ -144,9 +178,15 @@ class OobGCTest < Minitest::Test
             stats.size == 2 && stats.each_value.all? { |st| st["requests"] >= 100 }
           end
           stats.each_value do |s|
-            assert_operator s["oob_minor"] + s["oob_major"], :>=, 1, "#{kind}: #{s}"
+            oob = s["oob_minor"] + s["oob_major"]
+            assert_operator oob, :>=, 1, "#{kind}: #{s}"
             inside = s["inside_minor"] + s["inside_major"]
-            assert_operator inside, :<=, (s["oob_minor"] + s["oob_major"] + inside) * 0.1, "#{kind}: #{s}"
+            assert_operator inside, :<=, (oob + inside) * 0.1, "#{kind}: #{s}"
+            if kind == :puma
+              assert_operator s["oob_hook"], :>=, oob / 2, "#{kind}: most GCs should run in Puma's out_of_band hook: #{s}"
+            else
+              assert_equal 0, s["oob_hook"], "#{kind} has no out_of_band hook: #{s}"
+            end
           end
         ensure
           stop_server(server)
@@ -170,8 +210,9 @@ class OobGCTest < Minitest::Test
     end.map(&:value)
   end
 
-  # Plays the server: calls the app, then the after-response hook it asked for.
-  def serve(app, requests, hook:)
+  # Plays the server: calls the app, then the after-response hook it asked
+  # for, then (out_of_band:) Puma's out_of_band hook.
+  def serve(app, requests, hook:, out_of_band: false)
     requests.times do
       env = {}
       env["rack.after_reply"] = [] if hook == :after_reply
@@ -181,6 +222,7 @@ class OobGCTest < Minitest::Test
       body.close if body.respond_to?(:close)
       env["rack.after_reply"]&.each(&:call)
       env["rack.response_finished"]&.each { |h| h.call(env, status, headers, nil) }
+      Memkit::OobGC.out_of_band if out_of_band
     end
   end
 end

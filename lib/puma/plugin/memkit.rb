@@ -8,7 +8,9 @@ require "memkit"
 # workers, and again before each refork when fork_worker is on. Both go
 # through Puma's public hooks (before_fork, before_refork); together with
 # `require "memkit/fork"` the fork itself finds the heap prepared and does
-# nothing twice.
+# nothing twice. It also gives Memkit::OobGC and Memkit::MemoryLimit Puma's
+# out_of_band hook, where the worker accepts nothing while they run a GC or
+# ask for the worker's replacement.
 #
 # For warmup options, skip the plugin and write the hook yourself:
 #   before_fork { Memkit.warmup(compact: false) }
@@ -21,6 +23,12 @@ Puma::Plugin.create do
   def config(dsl)
     dsl.before_fork { warmup("before_fork") }
     dsl.before_refork { warmup("before_refork") } if dsl.respond_to?(:before_refork)
+    # Only for the middleware the app loaded (autoload? is nil once loaded).
+    dsl.out_of_band do
+      next if !Memkit.autoload?(:MemoryLimit) && Memkit::MemoryLimit.out_of_band
+
+      Memkit::OobGC.out_of_band unless Memkit.autoload?(:OobGC)
+    end
   end
 
   def warmup(hook)
