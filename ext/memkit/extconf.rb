@@ -2,9 +2,9 @@
 
 # Optional: Memkit::FiberPool and the soak driver fall back to Ruby when this
 # is not built, so a machine without Ruby's headers or a C compiler gets an
-# empty Makefile and still installs. The library lands in a folder named after the Ruby ABI, so
-# builds for two Rubies can sit side by side in one checkout (the two CI
-# lanes share it).
+# empty Makefile and still installs. The library lands in a folder named
+# after the Ruby ABI, so builds for two Rubies can sit side by side in one
+# checkout (the two CI lanes share it).
 require "rbconfig"
 
 # mkmf aborts the whole install when the headers are missing, and raises when

@@ -4,8 +4,9 @@ require "rbconfig"
 
 module Memkit
   # memkit's optional C extension (ext/memkit): FiberPool's core and the
-  # soak driver's loop. Each has a Ruby version that is used when this is not
-  # built (no compiler or Ruby headers where the gem was installed).
+  # soak driver's per-request check. Each has a Ruby version that is used
+  # when this is not built (no compiler or Ruby headers where the gem was
+  # installed).
   #
   # Built by `rake compile` or `gem install`, into a folder per Ruby ABI: next
   # to this file in a checkout; RubyGems also copies it there, but a gem's
