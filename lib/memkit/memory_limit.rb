@@ -169,7 +169,7 @@ module Memkit
       end
       return unless reason
 
-      @server == :puma && @replace == :auto ? drain_then_replace(reason) : replace(reason)
+      @server == :puma && @replace == :auto ? drain_then_replace : replace(reason)
     end
 
     # Puma 8.0 answers 500 to a keep-alive request that is ready when a worker
@@ -182,7 +182,7 @@ module Memkit
     # way it also goes once it has had no idle moment for a second, or has
     # served LINGER more requests. Idle keep-alive connections left in Puma's
     # reactor are closed cleanly at shutdown.
-    def drain_then_replace(reason)
+    def drain_then_replace
       @draining = true
       hooked = self.class.hooked?
       self.class.pending = self if hooked
