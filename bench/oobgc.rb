@@ -27,6 +27,14 @@
 #
 # GC placement is counted by a probe middleware in the app (OobgcBench::Probe),
 # not by Memkit::OobGC's own counters, so every mode is measured the same way.
+#
+# Each round runs every mode once, in a different order per round, so a slow
+# minute on the machine does not land on one mode. Latency percentiles are
+# taken over the pooled wrk histograms of all rounds (a round's own p99 rests
+# on a handful of requests); throughput is pooled requests over pooled
+# seconds. The report also gives, per round, whether memkit's p99 was below
+# the other mode's, and the workers' CPU time per request (the load-independent
+# side of throughput).
 require "optparse"
 require "json"
 require "tmpdir"
@@ -41,7 +49,7 @@ module OobgcBenchRunner
 
   MODES = { unicorn: %w[none unicorn_oobgc memkit], puma: %w[none unicorn_oobgc puma_out_of_band memkit_reply memkit] }.freeze
   APP = File.expand_path("oobgc_app.rb", __dir__)
-  PACE = File.expand_path("oobgc_pace.lua", __dir__)
+  WRK_SCRIPT = File.expand_path("oobgc.lua", __dir__)
 
   def run(argv)
     opts = { duration: 10, pace: 40, connections: 4, rounds: 1, warmup: 3, servers: %i[unicorn puma], modes: nil }
@@ -59,11 +67,10 @@ module OobgcBenchRunner
     puts "oobgc bench: #{Etc.nprocessors} cpus, #{RUBY_DESCRIPTION}, 2 workers, 1 thread per Puma worker, " \
          "wrk -t2 -c#{opts[:connections]} -d#{opts[:duration]}s, pace #{opts[:pace]} ms, rounds #{opts[:rounds]}"
     results = Hash.new { |h, k| h[k] = [] }
-    opts[:rounds].times do
+    opts[:rounds].times do |round|
       opts[:servers].each do |server|
-        MODES.fetch(server).each do |mode|
-          next if opts[:modes] && !opts[:modes].include?(mode)
-
+        modes = MODES.fetch(server).select { |m| opts[:modes].nil? || opts[:modes].include?(m) }
+        modes.rotate(round % modes.size).each do |mode|
           %i[paced saturated].each { |load| results[[server, mode, load]] << measure(server, mode, load, opts) }
         end
       end
@@ -84,14 +91,16 @@ module OobgcBenchRunner
         wrk(url, 1, opts, load) # one second so every worker sees the reset before measuring
         FileUtils.touch(File.join(dir, "reset"))
         sleep 0.5
-        out = wrk(url, opts[:duration], opts, load)
+        out = wrk(url, opts[:duration], opts, load, hist: File.join(dir, "latency.txt"))
       ensure
         stop_server(srv)
       end
       probes = Dir[File.join(dir, "gc-*.json")].map { |f| JSON.parse(File.read(f)) }
       parse_wrk(out).merge(
+        hist: File.readlines(File.join(dir, "latency.txt")).to_h { |l| l.split.map(&:to_i) }, seconds: opts[:duration],
         gc_total: probes.sum { |p| p["gc_total"] }, gc_inside: probes.sum { |p| p["gc_inside"] },
-        gc_ms: probes.sum { |p| p["gc_ms"] }, probe_requests: probes.sum { |p| p["requests"] }, workers_reported: probes.size
+        gc_ms: probes.sum { |p| p["gc_ms"] }, cpu_ms: probes.sum { |p| p["cpu_ms"] },
+        probe_requests: probes.sum { |p| p["requests"] }, workers_reported: probes.size
       )
     end
   end
@@ -114,10 +123,10 @@ module OobgcBenchRunner
     RUBY
   end
 
-  def wrk(url, seconds, opts, load)
-    cmd = ["wrk", "-t2", "-c#{opts[:connections]}", "-d#{seconds}s", "--latency", "--timeout", "10s"]
-    cmd += ["-s", PACE] if load == :paced
-    out = IO.popen({ "OOBGC_PACE_MS" => opts[:pace].to_s }, [*cmd, url], err: %i[child out], &:read)
+  def wrk(url, seconds, opts, load, hist: nil)
+    cmd = ["wrk", "-t2", "-c#{opts[:connections]}", "-d#{seconds}s", "--latency", "--timeout", "10s", "-s", WRK_SCRIPT]
+    env = { "OOBGC_PACE_MS" => (load == :paced ? opts[:pace] : 0).to_s, "OOBGC_HIST" => hist }
+    out = IO.popen(env, [*cmd, url], err: %i[child out], &:read)
     raise "wrk failed:\n#{out}" unless $?.success?
 
     out
@@ -134,43 +143,64 @@ module OobgcBenchRunner
     }
   end
 
-  def median(values)
-    sorted = values.compact.sort
-    sorted.empty? ? nil : sorted[sorted.size / 2]
+  # The pct-th percentile of a wrk histogram ({usec => count}), in ms.
+  def percentile(hist, pct)
+    rank = (hist.values.sum * pct / 100.0).ceil
+    seen = 0
+    hist.keys.sort.each do |usec|
+      seen += hist[usec]
+      return usec / 1000.0 if seen >= rank
+    end
+    nil
   end
 
-  def summary(runs)
-    keys = runs.first.keys
-    keys.to_h { |k| [k, median(runs.map { |r| r[k] })] }
+  def pool(runs)
+    hist = Hash.new(0)
+    runs.each { |r| r[:hist].each { |usec, count| hist[usec] += count } }
+    sum = ->(key) { runs.sum { |r| r[key] } }
+    {
+      rps: sum.(:requests).fdiv(sum.(:seconds)), p50: percentile(hist, 50), p90: percentile(hist, 90),
+      p99: percentile(hist, 99), p999: percentile(hist, 99.9), errors: sum.(:errors),
+      gc_total: sum.(:gc_total), gc_inside: sum.(:gc_inside), gc_ms: sum.(:gc_ms),
+      cpu_per_request: sum.(:cpu_ms).fdiv(sum.(:probe_requests))
+    }
   end
 
   def report(results, opts)
-    rows = results.map { |(server, mode, load), runs| [server, mode, load, summary(runs)] }
-    header = %w[server mode load req/s p50_ms p90_ms p99_ms errors gc_runs inside outside%]
-    table = rows.map do |server, mode, load, r|
-      outside = r[:gc_total].to_i.zero? ? "-" : format("%.1f", 100.0 * (r[:gc_total] - r[:gc_inside]) / r[:gc_total])
-      [server, mode, load, format("%.1f", r[:rps]), format("%.1f", r[:p50]), format("%.1f", r[:p90]),
-       format("%.1f", r[:p99]), r[:errors], r[:gc_total], r[:gc_inside], outside]
+    pooled = results.transform_values { |runs| pool(runs) }
+    header = %w[server mode load req/s p50_ms p90_ms p99_ms p99.9_ms errors gc_runs inside outside% ms/gc cpu_ms/req]
+    table = pooled.map do |(server, mode, load), r|
+      outside = r[:gc_total].zero? ? "-" : format("%.1f", 100.0 * (r[:gc_total] - r[:gc_inside]) / r[:gc_total])
+      [server, mode, load, format("%.1f", r[:rps]), *r.values_at(:p50, :p90, :p99, :p999).map { |v| format("%.1f", v) },
+       r[:errors], r[:gc_total], r[:gc_inside], outside, format("%.1f", r[:gc_ms].fdiv([r[:gc_total], 1].max)),
+       format("%.2f", r[:cpu_per_request])]
     end
     puts Memkit::CLI.table(header, table, left: [0, 1, 2])
     puts
-    puts "Ratios (memkit vs the others; medians over #{opts[:rounds]} round(s)):"
-    get = ->(server, mode, load) { rows.find { |s, m, l, _| s == server && m == mode && l == load }&.last }
+    puts "Ratios, memkit vs the others (pooled over #{opts[:rounds]} round(s); " \
+         "'below in k/n' = rounds where memkit's own p99 was below the other's in the same round):"
     opts[:servers].each do |server|
-      mk_paced = get.(server, "memkit", :paced)
-      mk_sat = get.(server, "memkit", :saturated)
-      next unless mk_paced && mk_sat
+      mk = ->(load) { pooled[[server, "memkit", load]] }
+      next unless mk.(:paced) && mk.(:saturated)
 
-      outside = mk_paced[:gc_total].zero? ? 1.0 : (mk_paced[:gc_total] - mk_paced[:gc_inside]).fdiv(mk_paced[:gc_total])
-      puts format("  %-7s memkit GC runs outside requests (paced): %.1f%% of %d", server, 100 * outside, mk_paced[:gc_total])
+      %i[paced saturated].each do |load|
+        r = mk.(load)
+        puts format("  %-7s memkit GC runs outside requests (%s): %.1f%% of %d", server, load,
+                    100.0 * (r[:gc_total] - r[:gc_inside]) / [r[:gc_total], 1].max, r[:gc_total])
+      end
       (MODES.fetch(server) - ["memkit"]).each do |other|
-        o_paced = get.(server, other, :paced)
-        o_sat = get.(server, other, :saturated)
-        next unless o_paced && o_sat
+        o = ->(load) { pooled[[server, other, load]] }
+        next unless o.(:paced) && o.(:saturated)
 
-        puts format("  %-7s vs %-16s p99 paced %.2fx, p99 saturated %.2fx, throughput saturated %.2fx, throughput paced %.2fx",
-                    server, other, mk_paced[:p99] / o_paced[:p99], mk_sat[:p99] / o_sat[:p99],
-                    mk_sat[:rps] / o_sat[:rps], mk_paced[:rps] / o_paced[:rps])
+        wins = ->(load) do
+          pairs = results[[server, "memkit", load]].zip(results[[server, other, load]])
+          "#{pairs.count { |m, x| percentile(m[:hist], 99) < percentile(x[:hist], 99) }}/#{pairs.size}"
+        end
+        ratio = ->(load, key) { mk.(load)[key] / o.(load)[key] }
+        puts format("  %-7s vs %-16s p99 paced %.2fx (below in %s), p99 saturated %.2fx (below in %s), " \
+                    "throughput saturated %.2fx, paced %.2fx, CPU per request saturated %.2fx",
+                    server, other, ratio.(:paced, :p99), wins.(:paced), ratio.(:saturated, :p99), wins.(:saturated),
+                    ratio.(:saturated, :rps), ratio.(:paced, :rps), ratio.(:saturated, :cpu_per_request))
       end
     end
   end
