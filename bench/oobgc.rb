@@ -4,7 +4,7 @@
 # a GC-heavy app (bench/oobgc_app.rb), driven by wrk.
 #
 #   bundle exec ruby -Ilib bench/oobgc.rb [--duration 10] [--pace 40] [--connections 4] [--rounds 1]
-#                                         [--servers unicorn,puma] [--modes none,memkit,...]
+#                                         [--servers unicorn,puma] [--modes none,memkit,...] [--close]
 #
 # Modes, side by side on each server:
 #   none              no out-of-band GC
@@ -24,6 +24,12 @@
 #              (about half busy with the defaults);
 #              gives latency and where GC ran (inside vs outside requests)
 #   saturated  no pause: the most requests per second the workers can serve
+#
+# Connections: wrk keeps them alive unless --close, which sends
+# "Connection: close" so every request comes on a new connection, as ab does
+# without -k and nginx does to its upstream by default. Unicorn closes every
+# connection either way; on Puma a kept-alive connection stays with its
+# worker, and a request on it waits out any pause there, GC or not.
 #
 # GC placement is counted by a probe middleware in the app (OobgcBench::Probe),
 # not by Memkit::OobGC's own counters, so every mode is measured the same way.
@@ -52,7 +58,8 @@ module OobgcBenchRunner
   WRK_SCRIPT = File.expand_path("oobgc.lua", __dir__)
 
   def run(argv)
-    opts = { duration: 10, pace: 40, connections: 4, rounds: 1, warmup: 3, servers: %i[unicorn puma], modes: nil }
+    opts = { duration: 10, pace: 40, connections: 4, rounds: 1, warmup: 3, servers: %i[unicorn puma], modes: nil,
+             close: false }
     OptionParser.new do |o|
       o.on("--duration S", Integer) { |v| opts[:duration] = v }
       o.on("--pace MS", Integer) { |v| opts[:pace] = v }
@@ -61,11 +68,13 @@ module OobgcBenchRunner
       o.on("--warmup S", Integer) { |v| opts[:warmup] = v }
       o.on("--servers LIST", Array) { |v| opts[:servers] = v.map(&:to_sym) }
       o.on("--modes LIST", Array) { |v| opts[:modes] = v }
+      o.on("--close", "one request per connection") { opts[:close] = true }
     end.parse!(argv)
     abort "wrk not found (apt install wrk)" unless system("command -v wrk >/dev/null")
 
     puts "oobgc bench: #{Etc.nprocessors} cpus, #{RUBY_DESCRIPTION}, 2 workers, 1 thread per Puma worker, " \
-         "wrk -t2 -c#{opts[:connections]} -d#{opts[:duration]}s, pace #{opts[:pace]} ms, rounds #{opts[:rounds]}"
+         "wrk -t2 -c#{opts[:connections]} -d#{opts[:duration]}s, pace #{opts[:pace]} ms, rounds #{opts[:rounds]}, " \
+         "#{opts[:close] ? 'Connection: close' : 'keep-alive'}"
     results = Hash.new { |h, k| h[k] = [] }
     opts[:rounds].times do |round|
       opts[:servers].each do |server|
@@ -125,6 +134,7 @@ module OobgcBenchRunner
 
   def wrk(url, seconds, opts, load, hist: nil)
     cmd = ["wrk", "-t2", "-c#{opts[:connections]}", "-d#{seconds}s", "--latency", "--timeout", "10s", "-s", WRK_SCRIPT]
+    cmd += ["-H", "Connection: close"] if opts[:close]
     env = { "OOBGC_PACE_MS" => (load == :paced ? opts[:pace] : 0).to_s, "OOBGC_HIST" => hist }
     out = IO.popen(env, [*cmd, url], err: %i[child out], &:read)
     raise "wrk failed:\n#{out}" unless $?.success?

@@ -144,7 +144,14 @@ module Memkit
       @decay = decay.to_f
       @enabled = enabled
       @per_heap = GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
+      # Sweeping lazily leaves the free-slot count short until the sweep ends.
+      # With one heap (3.1) the slots marked live say what the sweep will
+      # free; size pools (3.2+) have no marked count per pool, so there the
+      # out-of-band GC sweeps at once.
+      @lazy_sweep = !@per_heap && GC.stat.key?(:heap_marked_slots)
       @stat = {}
+      @gc_seen = nil # [GC count, total_allocated_objects] when last looked
+      @marked_at = 0 # total_allocated_objects when the latest mark ended (or before)
       @rate = nil # per-request growth estimates, set after the first request
     end
 
@@ -197,6 +204,7 @@ module Memkit
     # the heap as it is now decides. Returns the number of GCs run.
     def out_of_band
       GC.stat(@stat)
+      seen_gc
       due = due?
       due ? run(due) : 0
     end
@@ -205,6 +213,7 @@ module Memkit
     # counter was reset), but its object allocation is still right.
     def learn(before)
       count, objects, malloc = snapshot(@stat)
+      seen_gc(before[1].sum)
       fresh = objects.zip(before[1]).map { |now, was| now - was }
       grown = count == before[0] ? [malloc - before[2], 0].max : nil
       if @rate
@@ -249,9 +258,42 @@ module Memkit
       if @per_heap
         heaps.each_with_index.any? { |i, k| heap_free(i) < objects[k] * headroom }
       else
-        free = @stat[:heap_free_slots] + @stat.fetch(:heap_allocatable_pages, 0) * page_slots
-        free < objects[0] * headroom
+        free_slots < objects[0] * headroom
       end
+    end
+
+    # Free slots in the heap, plus the pages Ruby may still add without
+    # collecting first. While a lazy sweep is under way heap_free_slots counts
+    # only the pages swept so far, and Ruby starts no GC before the sweep has
+    # reached the last page; what will be free then is what the mark left
+    # unmarked, less what has been allocated since.
+    def free_slots
+      free = if sweeping?
+               eden_slots - @stat[:heap_marked_slots] - (@stat[:total_allocated_objects] - @marked_at)
+             else
+               @stat[:heap_free_slots]
+             end
+      free + @stat.fetch(:heap_allocatable_pages, 0) * page_slots
+    end
+
+    # Slots in the pages objects can be allocated in (not the empty pages
+    # the sweep has set aside to give back).
+    def eden_slots
+      @stat[:heap_eden_pages] * page_slots
+    end
+
+    def sweeping?
+      @lazy_sweep && GC.latest_gc_info(:state) == :sweeping
+    end
+
+    # A GC has run since the last look if the count moved; its mark ended
+    # after the allocations counted then (the figure errs towards less free).
+    def seen_gc(allocated_before = nil)
+      count = @stat[:count]
+      if @gc_seen && count != @gc_seen[0]
+        @marked_at = allocated_before && allocated_before > @gc_seen[1] ? allocated_before : @gc_seen[1]
+      end
+      @gc_seen = [count, @stat[:total_allocated_objects]]
     end
 
     # Free slots in one size pool, plus the pages Ruby may still add to it
@@ -278,7 +320,6 @@ module Memkit
     def run(kind)
       runs = 1
       collect(kind)
-      GC.stat(@stat)
       # A minor GC that leaves less than the minimum free share of the heap
       # makes Ruby's next GC a major one ("nofree"), which is also how Ruby
       # grows a tight heap. Better now, between requests, than in the next
@@ -286,7 +327,6 @@ module Memkit
       # for older Rubies the same rule is applied to the heap as a whole.
       if kind == :minor && major_next?
         collect(:major)
-        GC.stat(@stat)
         runs += 1
       end
       @starved_at = slots_short?(@rate[0], 1.0) ? @stat[:heap_available_slots] : nil
@@ -297,17 +337,23 @@ module Memkit
       info = GC.latest_gc_info
       return info[:need_major_by] if info.key?(:need_major_by)
 
-      @stat[:heap_free_slots] + @stat[:heap_final_slots].to_i < @stat[:heap_available_slots] * MIN_FREE_RATIO
+      # Ruby's own test at the end of the mark (gc_marks_finish): the slots
+      # the sweep will leave free, all but the marked ones, against the heap
+      # including the pages it may still add.
+      total = eden_slots + @stat.fetch(:heap_allocatable_pages, 0) * page_slots
+      total - @stat[:heap_marked_slots] < total * MIN_FREE_RATIO
     end
 
     def collect(kind)
       started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-      # immediate_sweep, so the next request does not pay for lazy sweeping,
-      # and the free slots count at once: with lazy sweep the heap still looks
-      # full after the GC, so twice as many ran and p99 was 5-7x that of no
-      # OobGC on bench/oobgc.rb (bench/RESULTS.md).
-      GC.start(full_mark: kind == :major, immediate_sweep: true)
+      # Only the mark must run in one piece. Sweeping lazily, as Ruby does,
+      # spreads the rest over the next requests' allocations instead of making
+      # whatever reaches this worker meanwhile wait for it (bench/RESULTS.md).
+      GC.start(full_mark: kind == :major, immediate_sweep: !@lazy_sweep)
       self.class.record(kind == :major, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
+      GC.stat(@stat)
+      @marked_at = @stat[:total_allocated_objects]
+      @gc_seen = [@stat[:count], @marked_at]
     end
   end
 end
