@@ -213,7 +213,7 @@ module Memkit
     # counter was reset), but its object allocation is still right.
     def learn(before)
       count, objects, malloc = snapshot(@stat)
-      seen_gc(before[1].sum)
+      seen_gc(before[1][0])
       fresh = objects.zip(before[1]).map { |now, was| now - was }
       grown = count == before[0] ? [malloc - before[2], 0].max : nil
       if @rate
@@ -289,6 +289,8 @@ module Memkit
     # A GC has run since the last look if the count moved; its mark ended
     # after the allocations counted then (the figure errs towards less free).
     def seen_gc(allocated_before = nil)
+      return unless @lazy_sweep
+
       count = @stat[:count]
       if @gc_seen && count != @gc_seen[0]
         @marked_at = allocated_before && allocated_before > @gc_seen[1] ? allocated_before : @gc_seen[1]
