@@ -273,13 +273,18 @@ module Memkit
              else
                @stat[:heap_free_slots]
              end
-      free + @stat.fetch(:heap_allocatable_pages, 0) * page_slots
+      free + allocatable_slots
     end
 
     # Slots in the pages objects can be allocated in (not the empty pages
     # the sweep has set aside to give back).
     def eden_slots
       @stat[:heap_eden_pages] * page_slots
+    end
+
+    # The pages Ruby may still add to the heap without collecting first.
+    def allocatable_slots
+      @stat.fetch(:heap_allocatable_pages, 0) * page_slots
     end
 
     def sweeping?
@@ -342,7 +347,7 @@ module Memkit
       # Ruby's own test at the end of the mark (gc_marks_finish): the slots
       # the sweep will leave free, all but the marked ones, against the heap
       # including the pages it may still add.
-      total = eden_slots + @stat.fetch(:heap_allocatable_pages, 0) * page_slots
+      total = eden_slots + allocatable_slots
       total - @stat[:heap_marked_slots] < total * MIN_FREE_RATIO
     end
 
