@@ -78,6 +78,26 @@ class OobGCTest < Minitest::Test
     assert_operator stats.oob_total + stats.inside_total, :<=, ruby_alone * 1.5, "Ruby alone: #{ruby_alone}, #{stats.to_h}"
   end
 
+  # The response after which the worker will collect tells a kept-alive
+  # client to reconnect, so that its next request can go to a worker that is
+  # not collecting; the others keep the connection.
+  def test_asks_the_client_to_reconnect_before_a_gc
+    in_fresh_process { asks_the_client_to_reconnect_before_a_gc }
+  end
+
+  def asks_the_client_to_reconnect_before_a_gc
+    closed = []
+    serve(Memkit::OobGC.new(ALLOCATING), 150, hook: :after_reply) do |ran, headers|
+      closed << [headers["connection"] == "close", ran]
+    end
+    gcs = closed.count { |_, ran| ran }
+    assert_operator gcs, :>=, 5, closed.inspect
+    # The header is decided before the body is sent, the GC after: a request
+    # that allocates more than the estimate may tip the heap only then.
+    assert_operator closed.count { |close, ran| close && ran }, :>=, gcs * 0.9, closed.inspect
+    assert_equal 0, closed.count { |close, ran| close && !ran }, "closed without a GC after: #{closed.inspect}"
+  end
+
   # Puma's out_of_band hook, played here after every request as Puma calls it
   # once its threads are idle: from its first call on, the middleware leaves
   # the GCs it can to it. Fresh process: the hook is noticed per process.
@@ -132,6 +152,41 @@ class OobGCTest < Minitest::Test
     stats = Memkit::OobGC.stats
     assert_operator stats.oob_major, :>=, 1, stats.to_h.inspect
     assert_operator stats.outside_ratio, :>=, 0.9, stats.to_h.inspect
+  end
+
+  # With one heap (3.1): when the minor GC due would leave the heap short of
+  # free slots, Ruby would follow it with a major. The middleware runs the
+  # major alone: one pause instead of a minor and a major back to back, and
+  # no more majors than Ruby's own.
+  def test_runs_the_major_alone_where_a_minor_would_need_one
+    skip "size pools (3.2+): the need for a major is known only after the minor" if GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
+
+    in_fresh_process { runs_the_major_alone_where_a_minor_would_need_one }
+  end
+
+  def runs_the_major_alone_where_a_minor_would_need_one
+    kept = []
+    promoting = lambda do |env|
+      kept << Array.new(6_000) { |i| "kept #{i}" }
+      kept.shift if kept.size > 20
+      ALLOCATING.call(env)
+    end
+    majors = GC.stat(:major_gc_count)
+    serve(promoting, 400, hook: :none)
+    ruby_majors = GC.stat(:major_gc_count) - majors
+
+    runs = []
+    last = Memkit::OobGC.stats
+    serve(Memkit::OobGC.new(promoting), 400, hook: :after_reply) do |ran, _|
+      now = Memkit::OobGC.stats
+      runs << [now.oob_minor - last.oob_minor, now.oob_major - last.oob_major] if ran
+      last = now
+    end
+    stats = Memkit::OobGC.stats
+    assert_operator stats.oob_major, :>=, 2, stats.to_h
+    assert_operator stats.outside_ratio, :>=, 0.9, stats.to_h
+    assert_equal [], runs.select { |minor, major| minor.positive? && major.positive? }, "minor and major back to back"
+    assert_operator stats.oob_major + stats.inside_major, :<=, ruby_majors + 1, "Ruby alone: #{ruby_majors} majors; #{stats.to_h}"
   end
 
   # While another request is in flight (a Puma thread), collecting would stop
@@ -241,7 +296,7 @@ class OobGCTest < Minitest::Test
 
   # Plays the server: calls the app, then the after-response hook it asked
   # for, then (out_of_band:) Puma's out_of_band hook. Yields whether an
-  # out-of-band GC ran after that request.
+  # out-of-band GC ran after that request, and the response headers.
   def serve(app, requests, hook:, out_of_band: false)
     requests.times do
       ran = Memkit::OobGC.stats.oob_total
@@ -254,7 +309,7 @@ class OobGCTest < Minitest::Test
       env["rack.after_reply"]&.each(&:call)
       env["rack.response_finished"]&.each { |h| h.call(env, status, headers, nil) }
       Memkit::OobGC.out_of_band if out_of_band
-      yield Memkit::OobGC.stats.oob_total > ran if block_given?
+      yield Memkit::OobGC.stats.oob_total > ran, headers if block_given?
     end
   end
 end
