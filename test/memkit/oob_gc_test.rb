@@ -142,13 +142,7 @@ class OobGCTest < Minitest::Test
   end
 
   def runs_the_major_gc_when_ruby_would
-    kept = []
-    leaky = lambda do |env|
-      kept << Array.new(3_000) { |i| "kept #{i}" }
-      kept.shift if kept.size > 60
-      ALLOCATING.call(env)
-    end
-    serve(Memkit::OobGC.new(leaky), 250, hook: :after_reply)
+    serve(Memkit::OobGC.new(keeping(strings: 3_000, requests: 60)), 250, hook: :after_reply)
     stats = Memkit::OobGC.stats
     assert_operator stats.oob_major, :>=, 1, stats.to_h.inspect
     assert_operator stats.outside_ratio, :>=, 0.9, stats.to_h.inspect
@@ -165,12 +159,7 @@ class OobGCTest < Minitest::Test
   end
 
   def runs_the_major_alone_where_a_minor_would_need_one
-    kept = []
-    promoting = lambda do |env|
-      kept << Array.new(6_000) { |i| "kept #{i}" }
-      kept.shift if kept.size > 20
-      ALLOCATING.call(env)
-    end
+    promoting = keeping(strings: 6_000, requests: 20)
     majors = GC.stat(:major_gc_count)
     serve(promoting, 400, hook: :none)
     ruby_majors = GC.stat(:major_gc_count) - majors
@@ -280,6 +269,17 @@ class OobGCTest < Minitest::Test
   end
 
   private
+
+  # ALLOCATING, keeping each request's strings for the next requests: they
+  # survive a few GCs, get promoted, and old objects pile up towards a major.
+  def keeping(strings:, requests:)
+    kept = []
+    lambda do |env|
+      kept << Array.new(strings) { |i| "kept #{i}" }
+      kept.shift if kept.size > requests
+      ALLOCATING.call(env)
+    end
+  end
 
   # Runs the block with a new keep-alive client in each of two threads at
   # once; returns what the blocks returned.
