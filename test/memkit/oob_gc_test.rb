@@ -36,9 +36,7 @@ class OobGCTest < Minitest::Test
   end
 
   def moves_gc_runs_out_of_requests
-    before = GC.count
-    serve(ALLOCATING, 150, hook: :none)
-    inside_without = GC.count - before
+    inside_without = ruby_alone(ALLOCATING, 150)
     assert_operator inside_without, :>=, 5, "the request must allocate enough to start GCs"
 
     %i[after_reply response_finished body_close].each do |hook|
@@ -61,9 +59,7 @@ class OobGCTest < Minitest::Test
   end
 
   def sweeps_lazily_without_collecting_more_than_ruby
-    before = GC.count
-    serve(ALLOCATING, 200, hook: :none)
-    ruby_alone = GC.count - before
+    alone = ruby_alone(ALLOCATING, 200)
 
     app = Memkit::OobGC.new(ALLOCATING)
     # Size pools (3.2+) have no marked count per pool: there it sweeps at once.
@@ -75,7 +71,7 @@ class OobGCTest < Minitest::Test
     refute_empty sweeps
     assert_equal [!lazy], sweeps.uniq, "immediate_sweep of the out-of-band GCs"
     # Collecting 1.5 requests early adds a few; a blind count would double it.
-    assert_operator stats.oob_total + stats.inside_total, :<=, ruby_alone * 1.5, "Ruby alone: #{ruby_alone}, #{stats.to_h}"
+    assert_operator stats.oob_total + stats.inside_total, :<=, alone * 1.5, "Ruby alone: #{alone}, #{stats.to_h}"
   end
 
   # The response after which the worker will collect tells a kept-alive
@@ -160,9 +156,7 @@ class OobGCTest < Minitest::Test
 
   def runs_the_major_alone_where_a_minor_would_need_one
     promoting = keeping(strings: 6_000, requests: 20)
-    majors = GC.stat(:major_gc_count)
-    serve(promoting, 400, hook: :none)
-    ruby_majors = GC.stat(:major_gc_count) - majors
+    ruby_majors = ruby_alone(promoting, 400, :major_gc_count)
 
     runs = []
     last = Memkit::OobGC.stats
@@ -269,6 +263,14 @@ class OobGCTest < Minitest::Test
   end
 
   private
+
+  # How far a GC.stat counter moves while the app serves these requests
+  # without the middleware: what Ruby does on its own.
+  def ruby_alone(app, requests, counter = :count)
+    before = GC.stat(counter)
+    serve(app, requests, hook: :none)
+    GC.stat(counter) - before
+  end
 
   # ALLOCATING, keeping each request's strings for the next requests: they
   # survive a few GCs, get promoted, and old objects pile up towards a major.
