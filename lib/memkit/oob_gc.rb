@@ -160,6 +160,7 @@ module Memkit
       @survived = nil # young objects the latest out-of-band minor GC kept (one heap only)
       @major_at = nil # GC count at the latest major seen (one heap only)
       @rate = nil # per-request growth estimates, set after the first request
+      @since = nil # allocation counts when the latest request ended
     end
 
     def call(env)
@@ -174,11 +175,14 @@ module Memkit
         raise
       end
       if collecting_next?(before)
-        # The GC will make this worker pause once the response is out. A
-        # kept-alive client would send its next request here and wait out the
-        # pause; told to close, it reconnects, and a worker that is not
-        # collecting accepts it. Puma passes the header on (and clients honour
-        # it); Unicorn closes every connection anyway.
+        # A major GC will make this worker pause once the response is out
+        # (100 ms and more on a large heap). A kept-alive client would send
+        # its next request here and wait it out; told to close, it
+        # reconnects, and a worker that is not collecting accepts it. Puma
+        # passes the header on (and clients honour it); Unicorn closes every
+        # connection anyway. Not for minors: moving a connection leaves the
+        # workers unbalanced until the next move, which cost saturated
+        # throughput more than the short pause did (bench/RESULTS.md).
         headers = headers.frozen? ? headers.dup : headers
         headers["connection"] = "close"
       end
@@ -209,22 +213,25 @@ module Memkit
       self.class.leave do
         learn(before)
         due = due?
-        # Left to the hook only while the next request still fits: the hook
-        # does not run if that request is already queued, and then the GC
-        # would start inside it.
-        run(due) if due && (due?(1.0) || !self.class.defer(self))
+        # Left to the hook only while the next request still fits, with half
+        # the headroom to spare: the hook does not run if that request is
+        # already queued, and then the GC would start inside it. The spare is
+        # for what the free count cannot see (pages the sweep gives back,
+        # slots held by finalizers): with none, on Puma with one new
+        # connection per request, 7-15 of 111-128 GCs ran inside requests.
+        run(due) if due && (due?(1 + ((@headroom - 1) / 2)) || !self.class.defer(self))
       end
     end
 
-    # Whether, as the heap stands with this response built, a GC will be due
-    # once it has been sent (only the last request in flight runs one).
+    # Whether, as the heap stands with this response built, a major GC will
+    # be due once it has been sent (only the last request in flight runs one).
     def collecting_next?(before)
       self.class.alone? do
         next false unless @rate
 
         snapshot(@stat)
         seen_gc(before[1][0])
-        !due?.nil?
+        due? == :major
       end
     end
 
@@ -238,11 +245,16 @@ module Memkit
     end
 
     # A request during which a GC ran says nothing about malloc growth (the
-    # counter was reset), but its object allocation is still right.
+    # counter was reset), but its object allocation is still right. Objects
+    # count from the end of the previous request, not the start of this one:
+    # the server allocates too between the two (reading the request, a new
+    # connection), and a GC left for the next request must fit that as well.
     def learn(before)
       count, objects, malloc = snapshot(@stat)
       seen_gc(before[1][0])
-      fresh = objects.zip(before[1]).map { |now, was| now - was }
+      since = @since ? @since.zip(before[1]).map(&:min) : before[1]
+      @since = objects
+      fresh = objects.zip(since).map { |now, was| now - was }
       grown = count == before[0] ? [malloc - before[2], 0].max : nil
       if @rate
         @rate[0] = @rate[0].zip(fresh).map { |old, new| [new, old * @decay].max }
@@ -259,7 +271,7 @@ module Memkit
               @stat[:malloc_increase_bytes] + malloc * headroom > @stat[:malloc_increase_bytes_limit]
       return unless minor
 
-      major_pending? ? :major : :minor
+      major_pending? || minor_would_fill? ? :major : :minor
     end
 
     # Ruby decides at the end of a GC that the next one will be major (too
@@ -356,7 +368,6 @@ module Memkit
     # Returns how many GCs it ran (1 or 2).
     def run(kind)
       runs = 1
-      kind = :major if kind == :minor && minor_would_fill?
       collect(kind)
       # A minor GC that leaves less than the minimum free share of the heap
       # makes Ruby's next GC a major one ("nofree"), which is also how Ruby
