@@ -160,7 +160,6 @@ module Memkit
       @survived = nil # young objects the latest out-of-band minor GC kept (one heap only)
       @major_at = nil # GC count at the latest major seen (one heap only)
       @rate = nil # per-request growth estimates, set after the first request
-      @since = nil # allocation counts when the latest request ended
     end
 
     def call(env)
@@ -216,9 +215,10 @@ module Memkit
         # Left to the hook only while the next request still fits, with half
         # the headroom to spare: the hook does not run if that request is
         # already queued, and then the GC would start inside it. The spare is
-        # for what the free count cannot see (pages the sweep gives back,
-        # slots held by finalizers): with none, on Puma with one new
-        # connection per request, 7-15 of 111-128 GCs ran inside requests.
+        # for what the estimate cannot see (the server's own allocations
+        # between requests, pages the sweep gives back, slots held by
+        # finalizers): with none, on Puma with one new connection per
+        # request, 7-15 of 111-128 GCs ran inside requests.
         run(due) if due && (due?(1 + ((@headroom - 1) / 2)) || !self.class.defer(self))
       end
     end
@@ -245,16 +245,11 @@ module Memkit
     end
 
     # A request during which a GC ran says nothing about malloc growth (the
-    # counter was reset), but its object allocation is still right. Objects
-    # count from the end of the previous request, not the start of this one:
-    # the server allocates too between the two (reading the request, a new
-    # connection), and a GC left for the next request must fit that as well.
+    # counter was reset), but its object allocation is still right.
     def learn(before)
       count, objects, malloc = snapshot(@stat)
       seen_gc(before[1][0])
-      since = @since ? @since.zip(before[1]).map(&:min) : before[1]
-      @since = objects
-      fresh = objects.zip(since).map { |now, was| now - was }
+      fresh = objects.zip(before[1]).map { |now, was| now - was }
       grown = count == before[0] ? [malloc - before[2], 0].max : nil
       if @rate
         @rate[0] = @rate[0].zip(fresh).map { |old, new| [new, old * @decay].max }
