@@ -146,6 +146,7 @@ module Memkit
 
       @app = app
       @headroom = headroom.to_f
+      @hook_headroom = 1 + ((@headroom - 1) / 2) # see #finished
       @decay = decay.to_f
       @enabled = enabled
       @per_heap = GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
@@ -219,7 +220,7 @@ module Memkit
         # between requests, pages the sweep gives back, slots held by
         # finalizers): with none, on Puma with one new connection per
         # request, 7-15 of 111-128 GCs ran inside requests.
-        run(due) if due && (due?(1 + ((@headroom - 1) / 2)) || !self.class.defer(self))
+        run(due) if due && (due?(@hook_headroom) || !self.class.defer(self))
       end
     end
 
@@ -421,7 +422,7 @@ module Memkit
       GC.stat(@stat)
       @survived = @stat[:heap_marked_slots] - old if @lazy_sweep && kind == :minor
       @marked_at = @stat[:total_allocated_objects]
-      @major_at = @stat[:count] if @stat[:major_gc_count] != majors
+      @major_at = @stat[:count] if @lazy_sweep && @stat[:major_gc_count] != majors
       @gc_seen = [@stat[:count], @marked_at, @stat[:major_gc_count]]
     end
   end
