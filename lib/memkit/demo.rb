@@ -121,12 +121,17 @@ module Memkit
                 "(#{(before - worker_pids(pid)).size} of the original #{before.size} are gone)."
     end
 
+    # After more requests, so the workers that replaced the bloated ones are
+    # past their first GCs, which OobGC leaves to Ruby (see OobGC#settled?).
     def oob_gc
+      more = @requests * 3
+      send_requests(more.times.map { |i| "/products/#{i * 41}" })
       text = Net::HTTP.get("127.0.0.1", "/metrics", @port)
       total = ->(name) { text.scan(/^#{name}\{[^}]*\} (\S+)/).sum { |(v)| v.to_f }.round }
-      @out.puts "", "Memkit::OobGC in the worker that answered /metrics: " \
-                    "#{total.('memkit_oobgc_runs_total')} GC runs between requests, " \
-                    "#{total.('memkit_oobgc_inside_request_runs_total')} inside requests."
+      inside = total.("memkit_oobgc_inside_request_runs_total")
+      @out.puts "", "#{more} more requests. Memkit::OobGC in the worker that answered /metrics: " \
+                    "#{total.('memkit_oobgc_runs_total')} GC runs between requests, #{inside} inside requests" \
+                    "#{' (a new worker leaves its first GCs to Ruby while its heap grows)' if inside.positive?}."
     end
 
     def worker_pids(pid) = Tree.read(pid).nodes.drop(1).map(&:pid)

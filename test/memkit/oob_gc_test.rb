@@ -40,8 +40,9 @@ class OobGCTest < Minitest::Test
     assert_operator inside_without, :>=, 5, "the request must allocate enough to start GCs"
 
     %i[after_reply response_finished body_close].each do |hook|
+      middleware = settled(Memkit::OobGC.new(ALLOCATING))
       Memkit::OobGC.reset_stats
-      serve(Memkit::OobGC.new(ALLOCATING), 150, hook: hook)
+      serve(middleware, 150, hook: hook)
       stats = Memkit::OobGC.stats
       assert_equal 150, stats.requests, hook
       assert_operator stats.oob_total, :>=, 5, "#{hook}: #{stats.to_h}"
@@ -178,10 +179,23 @@ class OobGCTest < Minitest::Test
     assert_operator stats.oob_major + stats.inside_major, :<=, ruby_majors + 1, "Ruby alone: #{ruby_majors} majors; #{stats.to_h}"
   end
 
+  # Until a GC of Ruby's own has left the heap no larger, the middleware
+  # only watches: Ruby sizes a growing heap better from its own GCs.
+  def test_watches_until_the_heap_has_settled
+    middleware = Memkit::OobGC.new(ALLOCATING, headroom: 1_000_000) # always "due"
+    ran = []
+    serve(middleware, 3, hook: :after_reply) { |oob, _| ran << oob }
+    assert_equal [false] * 3, ran, "no GC seen yet, so none run"
+    GC.start # the heap, just collected, does not grow
+    serve(middleware, 2, hook: :after_reply) { |oob, _| ran << oob }
+    assert_equal [false] * 3 + [true] * 2, ran
+  end
+
   # While another request is in flight (a Puma thread), collecting would stop
   # it: the middleware waits for an idle moment.
   def test_never_collects_while_a_request_is_in_flight
-    middleware = Memkit::OobGC.new(ALLOCATING, headroom: 1_000_000) # always "due"
+    middleware = settled(Memkit::OobGC.new(ALLOCATING, headroom: 1_000_000)) # always "due"
+    Memkit::OobGC.reset_stats
     slow_env = { "rack.after_reply" => [] }
     Memkit::OobGC.enter # a request that has started and not finished
     count = GC.count
@@ -201,9 +215,9 @@ class OobGCTest < Minitest::Test
   def test_app_exceptions_do_not_leave_a_request_in_flight
     failing = Memkit::OobGC.new(->(_env) { raise ArgumentError, "boom" })
     assert_raises(ArgumentError) { failing.call({ "rack.after_reply" => [] }) }
-    env = { "rack.after_reply" => [] }
-    Memkit::OobGC.new(ALLOCATING, headroom: 1_000_000).call(env)
-    env["rack.after_reply"].each(&:call)
+    middleware = settled(Memkit::OobGC.new(ALLOCATING, headroom: 1_000_000))
+    Memkit::OobGC.reset_stats
+    serve(middleware, 1, hook: :after_reply)
     assert_operator Memkit::OobGC.stats.oob_total, :>=, 1, "an idle process must be seen as idle"
   end
 
@@ -237,7 +251,14 @@ class OobGCTest < Minitest::Test
         begin
           # Two clients at once, so that both workers get requests.
           load = -> { both { |c| 100.times { c.get("/") } } }
-          load.call
+          # A worker only watches until it has seen a GC of Ruby's own
+          # (OobGC#settled?): warm up until both have run one out of band.
+          warm = {}
+          wait_until(timeout: 60, message: "both #{kind} workers ran a GC out of band") do
+            load.call
+            both { |c| JSON.parse(c.get("/stats")[2]) }.each { |st| warm[st["pid"]] = st["oob_minor"] + st["oob_major"] }
+            warm.size == 2 && warm.each_value.all?(&:positive?)
+          end
           reset = {}
           wait_until(timeout: 20, message: "both #{kind} workers reset") do
             both { |c| c.get("/reset")[2] }.each { |pid| reset[pid] = true }
@@ -304,6 +325,15 @@ class OobGCTest < Minitest::Test
         client&.close
       end
     end.map(&:value)
+  end
+
+  # A middleware past its watching phase (see OobGC#settled?): one request
+  # seen before a GC and one after.
+  def settled(middleware)
+    serve(middleware, 1, hook: :after_reply)
+    GC.start
+    serve(middleware, 1, hook: :after_reply)
+    middleware
   end
 
   # Plays the server: calls the app, then the after-response hook it asked
