@@ -108,6 +108,7 @@ module OobgcBenchRunner
       parse_wrk(out).merge(
         hist: File.readlines(File.join(dir, "latency.txt")).to_h { |l| l.split.map(&:to_i) }, seconds: opts[:duration],
         gc_total: probes.sum { |p| p["gc_total"] }, gc_inside: probes.sum { |p| p["gc_inside"] },
+        gc_major: probes.sum { |p| p["gc_major"] },
         gc_ms: probes.sum { |p| p["gc_ms"] }, cpu_ms: probes.sum { |p| p["cpu_ms"] },
         probe_requests: probes.sum { |p| p["requests"] }, workers_reported: probes.size
       )
@@ -171,18 +172,18 @@ module OobgcBenchRunner
     {
       rps: sum.(:requests).fdiv(sum.(:seconds)), p50: percentile(hist, 50), p90: percentile(hist, 90),
       p99: percentile(hist, 99), p999: percentile(hist, 99.9), errors: sum.(:errors),
-      gc_total: sum.(:gc_total), gc_inside: sum.(:gc_inside), gc_ms: sum.(:gc_ms),
+      gc_total: sum.(:gc_total), gc_inside: sum.(:gc_inside), gc_major: sum.(:gc_major), gc_ms: sum.(:gc_ms),
       cpu_per_request: sum.(:cpu_ms).fdiv(sum.(:probe_requests))
     }
   end
 
   def report(results, opts)
     pooled = results.transform_values { |runs| pool(runs) }
-    header = %w[server mode load req/s p50_ms p90_ms p99_ms p99.9_ms errors gc_runs inside outside% ms/gc cpu_ms/req]
+    header = %w[server mode load req/s p50_ms p90_ms p99_ms p99.9_ms errors gc_runs majors inside outside% ms/gc cpu_ms/req]
     table = pooled.map do |(server, mode, load), r|
       outside = r[:gc_total].zero? ? "-" : format("%.1f", 100.0 * (r[:gc_total] - r[:gc_inside]) / r[:gc_total])
       [server, mode, load, format("%.1f", r[:rps]), *r.values_at(:p50, :p90, :p99, :p999).map { |v| format("%.1f", v) },
-       r[:errors], r[:gc_total], r[:gc_inside], outside, format("%.1f", r[:gc_ms].fdiv([r[:gc_total], 1].max)),
+       r[:errors], r[:gc_total], r[:gc_major], r[:gc_inside], outside, format("%.1f", r[:gc_ms].fdiv([r[:gc_total], 1].max)),
        format("%.2f", r[:cpu_per_request])]
     end
     puts Memkit::CLI.table(header, table, left: [0, 1, 2])

@@ -57,6 +57,7 @@ module OobgcBench
 
     def zero
       @base = GC.count
+      @base_major = GC.stat(:major_gc_count)
       @base_time = GC.stat(:time)
       @base_cpu = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID, :float_millisecond)
       @inside = 0
@@ -80,6 +81,7 @@ module OobgcBench
 
       File.write(File.join(@dir, "gc-#{Process.pid}.json"),
                  JSON.generate(requests: @requests, gc_total: GC.count - @base, gc_inside: @inside,
+                               gc_major: GC.stat(:major_gc_count) - @base_major,
                                gc_ms: GC.stat(:time) - @base_time,
                                cpu_ms: Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID, :float_millisecond) - @base_cpu))
     end

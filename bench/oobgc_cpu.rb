@@ -4,7 +4,7 @@
 # same GC-heavy app as bench/oobgc.rb (bench/oobgc_app.rb), each mode in a
 # fresh child process, rounds interleaved.
 #
-#   bundle exec ruby -Ilib bench/oobgc_cpu.rb [--requests 800] [--rounds 3]
+#   bundle exec ruby -Ilib bench/oobgc_cpu.rb [--requests 800] [--rounds 3] [--warmup 100]
 #
 # Why CPU time: on a shared machine, wall-clock latency mostly measures other
 # processes. CLOCK_PROCESS_CPUTIME_ID counts only this process's work, GC
@@ -27,20 +27,23 @@ module OobgcCpuBench
   module_function
 
   def run(argv)
-    opts = { requests: 800, rounds: 3 }
+    opts = { requests: 800, rounds: 3, warmup: 100 }
     OptionParser.new do |o|
       o.on("--headroom X", Float, "Memkit::OobGC headroom:") { |v| ENV["OOBGC_HEADROOM"] = v.to_s }
       o.on("--requests N", Integer) { |v| opts[:requests] = v }
       o.on("--rounds N", Integer) { |v| opts[:rounds] = v }
+      o.on("--warmup N", Integer, "requests before measuring, from a cold heap") { |v| opts[:warmup] = v }
     end.parse!(argv)
-    puts "oobgc cpu bench: #{RUBY_DESCRIPTION}, #{opts[:requests]} requests per run, #{opts[:rounds]} rounds, medians"
+    puts "oobgc cpu bench: #{RUBY_DESCRIPTION}, #{opts[:warmup]} requests of warm-up, #{opts[:requests]} measured, " \
+         "#{opts[:rounds]} rounds, medians"
     results = Hash.new { |h, k| h[k] = [] }
-    opts[:rounds].times { MODES.each { |mode| results[mode] << child(mode, opts[:requests]) } }
+    opts[:rounds].times { MODES.each { |mode| results[mode] << child(mode, opts[:requests], opts[:warmup]) } }
     med = results.transform_values { |runs| runs.first.keys.to_h { |k| [k, median(runs.map { |r| r[k] })] } }
-    puts format("%-13s %8s %8s %8s %9s %7s %7s %7s", "mode", "p50_ms", "p99_ms", "max_ms", "cpu/req", "minor", "major", "inside")
+    puts format("%-13s %8s %8s %8s %9s %7s %7s %7s %10s", "mode", "p50_ms", "p99_ms", "max_ms", "cpu/req", "minor", "major",
+                "inside", "heap_slots")
     med.each do |mode, r|
-      puts format("%-13s %8.2f %8.2f %8.2f %9.2f %7d %7d %7d", mode, r["p50"], r["p99"], r["max"], r["cpu_per_req"],
-                  r["minor"], r["major"], r["inside"])
+      puts format("%-13s %8.2f %8.2f %8.2f %9.2f %7d %7d %7d %10d", mode, r["p50"], r["p99"], r["max"], r["cpu_per_req"],
+                  r["minor"], r["major"], r["inside"], r["heap"])
     end
     mk = med["memkit"]
     puts
@@ -57,11 +60,11 @@ module OobgcCpuBench
     values.sort[values.size / 2]
   end
 
-  def child(mode, requests)
+  def child(mode, requests, warmup)
     reader, writer = IO.pipe
     pid = fork do
       reader.close
-      writer.write(JSON.generate(measure(mode, requests)))
+      writer.write(JSON.generate(measure(mode, requests, warmup)))
       writer.close
       exit!(0)
     end
@@ -71,14 +74,14 @@ module OobgcCpuBench
     result
   end
 
-  def measure(mode, requests)
+  def measure(mode, requests, warmup)
     require_relative "oobgc_app"
     require "memkit"
     app = ->(_env) { [200, {}, [OobgcBench.render]] }
     app = Memkit::OobGC.new(app, **(ENV["OOBGC_HEADROOM"] ? { headroom: Float(ENV["OOBGC_HEADROOM"]) } : {})) if mode == "memkit"
     GC.start
     # warm-up, as a booted server would have served some requests
-    100.times { serve(app, mode, 0) }
+    warmup.times { |i| serve(app, mode, i + 1) }
     minor = GC.stat(:minor_gc_count)
     major = GC.stat(:major_gc_count)
     inside = 0
@@ -94,7 +97,7 @@ module OobgcCpuBench
     times.sort!
     { "p50" => times[times.size / 2] * 1000, "p99" => times[(times.size * 0.99).floor] * 1000, "max" => times[-1] * 1000,
       "cpu_per_req" => total / requests * 1000, "minor" => GC.stat(:minor_gc_count) - minor,
-      "major" => GC.stat(:major_gc_count) - major, "inside" => inside }
+      "major" => GC.stat(:major_gc_count) - major, "inside" => inside, "heap" => GC.stat(:heap_available_slots) }
   end
 
   # Calls the app; yields once the response is complete; returns the
