@@ -123,15 +123,24 @@ module Memkit
 
     # After more requests, so the workers that replaced the bloated ones are
     # past their first GCs, which OobGC leaves to Ruby (see OobGC#settled?).
+    # /metrics answers for one worker: asked again, other workers answer.
     def oob_gc
       more = @requests * 3
       send_requests(more.times.map { |i| "/products/#{i * 41}" })
-      text = Net::HTTP.get("127.0.0.1", "/metrics", @port)
-      total = ->(name) { text.scan(/^#{name}\{[^}]*\} (\S+)/).sum { |(v)| v.to_f }.round }
-      inside = total.("memkit_oobgc_inside_request_runs_total")
-      @out.puts "", "#{more} more requests. Memkit::OobGC in the worker that answered /metrics: " \
-                    "#{total.('memkit_oobgc_runs_total')} GC runs between requests, #{inside} inside requests" \
-                    "#{' (a new worker leaves its first GCs to Ruby while its heap grows)' if inside.positive?}."
+      seen = {}
+      (@workers * 10).times do
+        text = Net::HTTP.get("127.0.0.1", "/metrics", @port)
+        pid = text[/^memkit_oobgc_requests_total\{pid="(\d+)"\}/, 1] or next
+        seen[pid] = %w[runs inside_request_runs watched_runs].to_h do |name|
+          [name, text.scan(/^memkit_oobgc_#{name}_total\{[^}]*\} (\S+)/).sum { |(v)| v.to_f }.round]
+        end
+        break if seen.size == @workers
+      end
+      total = ->(name) { seen.each_value.sum { |counts| counts[name] } }
+      watched = total.("watched_runs")
+      @out.puts "", "#{more} more requests. Memkit::OobGC in #{seen.size} workers: #{total.('runs')} GC runs between " \
+                    "requests, #{total.('inside_request_runs')} inside requests" \
+                    "#{" (#{watched} left to Ruby while a new worker's heap settled)" if watched.positive?}."
     end
 
     def worker_pids(pid) = Tree.read(pid).nodes.drop(1).map(&:pid)

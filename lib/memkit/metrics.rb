@@ -109,6 +109,8 @@ module Memkit
         counter(out, "memkit_oobgc_inside_request_runs_total", "GC runs that still happened while a request was being served.",
                 [[pid.merge(kind: "minor"), s.inside_minor], [pid.merge(kind: "major"), s.inside_major]])
         counter(out, "memkit_oobgc_time_seconds_total", "Time spent in GC runs started by Memkit::OobGC.", [[pid, s.oob_seconds]])
+        counter(out, "memkit_oobgc_watched_runs_total", "GC runs left to Ruby while a new worker's heap settled.",
+                [[pid, s.watched]])
       end
 
       def gauge(out, name, help, rows) = family(out, name, "gauge", help, rows)

@@ -40,8 +40,10 @@ module Memkit
   class OobGC
     # Process-wide counters: GC is process-wide, so are the figures about it.
     # oob_hook: how many of the out-of-band runs Puma's out_of_band hook made.
+    # watched: GC runs left to Ruby while a new worker's heap settled (see
+    # #settled?); those inside requests are in inside_* too.
     Stats = Struct.new(:requests, :oob_minor, :oob_major, :inside_minor, :inside_major,
-                       :oob_seconds, :oob_hook, keyword_init: true) do
+                       :oob_seconds, :oob_hook, :watched, keyword_init: true) do
       def oob_total = oob_minor + oob_major
       def inside_total = inside_minor + inside_major
 
@@ -61,7 +63,7 @@ module Memkit
 
     @lock = Mutex.new
     @stats = Stats.new(requests: 0, oob_minor: 0, oob_major: 0, inside_minor: 0, inside_major: 0, oob_seconds: 0.0,
-                       oob_hook: 0)
+                       oob_hook: 0, watched: 0)
     @in_flight = 0
     @mark = nil
     @hook_pid = nil # the process where Puma's out_of_band hook has run
@@ -127,6 +129,10 @@ module Memkit
 
         @pending = middleware
         true
+      end
+
+      def watched(runs) # :nodoc:
+        @stats.watched += runs
       end
 
       def record(major, seconds) # :nodoc:
@@ -269,6 +275,7 @@ module Memkit
       # emptied, and Ruby lists those as allocatable too.
       pages = @stat.fetch(:heap_eden_pages, 0) + @stat.fetch(:heap_allocatable_pages, 0)
       if @sized && @stat[:count] != @sized[0]
+        self.class.watched(@stat[:count] - @sized[0])
         @watched = (@watched || 0) + @stat[:count] - @sized[0]
         @settled = pages <= @sized[1] || @watched >= WATCH_GCS
       end

@@ -76,6 +76,7 @@ class MetricsTest < Minitest::Test
         assert_equal 0, promtool(in_app), "promtool check metrics failed on:\n#{in_app}"
         assert_match(/^memkit_process_pss_bytes\{pid="#{server.pid}",role="master"\} \d+$/, in_app)
         assert_match(/^memkit_oobgc_requests_total\{pid="\d+"\} \d+$/, in_app)
+        assert_match(/^memkit_oobgc_watched_runs_total\{pid="\d+"\} \d+$/, in_app)
         assert_match(/^memkit_gc_runs_total\{pid="(#{workers.join('|')})",kind="minor"\} \d+$/, in_app)
 
         prom_port = free_port

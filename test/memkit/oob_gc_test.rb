@@ -189,6 +189,7 @@ class OobGCTest < Minitest::Test
     GC.start # the heap, just collected, does not grow
     serve(middleware, 2, hook: :after_reply) { |oob, _| ran << oob }
     assert_equal [false] * 3 + [true] * 2, ran
+    assert_operator Memkit::OobGC.stats.watched, :>=, 1, "the GC.start, left to Ruby while watching"
   end
 
   # While another request is in flight (a Puma thread), collecting would stop

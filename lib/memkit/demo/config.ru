@@ -19,6 +19,6 @@ LEAK = []
 run lambda { |env|
   LEAK << ("x" * (2 << 20)) if env["PATH_INFO"].start_with?("/leak")
   id = env["PATH_INFO"][/\d+/].to_i % CATALOG.size
-  body = JSON.generate(CATALOG[id, 50])
+  body = JSON.generate(CATALOG[id, 200])
   [200, { "content-type" => "application/json", "content-length" => body.bytesize.to_s }, [body]]
 }
