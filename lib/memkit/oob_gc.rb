@@ -22,7 +22,9 @@ module Memkit
   #   major one.
   #
   # If the next request would cross one of them it runs that GC now: minor when
-  # a minor would be enough, major when Ruby would do a major anyway.
+  # a minor would be enough, major when Ruby would do a major anyway. On Ruby
+  # 3.1 a new worker's first GCs are left to Ruby, which sizes a growing heap
+  # from them (see #settled?).
   #
   # It counts only when no request is in flight in this process, so GCs
   # started by a Puma thread while another thread serves a request are not
@@ -56,9 +58,6 @@ module Memkit
 
     # Ruby's GC_HEAP_FREE_SLOTS_MIN_RATIO: the free share of the heap a GC
     # must leave, or the next one is major.
-    # See #settled?.
-    WATCH_GCS = 8
-
     MIN_FREE_RATIO = Float(ENV.fetch("RUBY_GC_HEAP_FREE_SLOTS_MIN_RATIO", "0.20")) rescue 0.20
 
     @lock = Mutex.new
@@ -170,7 +169,12 @@ module Memkit
       @survived = nil # young objects the latest out-of-band minor GC kept (one heap only)
       @major_at = nil # GC count at the latest major seen (one heap only)
       @rate = nil # per-request growth estimates, set after the first request
-      @sized = nil # [GC count, heap pages] when last looked, until the heap has settled
+      # Size pools (3.2+) grow one by one, and a full GC there can add
+      # allocatable pages with nothing new live (Ruby 3.3, bench/RESULTS.md,
+      # session 7): the heap's size says nothing about it having settled, so
+      # there the middleware collects from the start.
+      @settled = @per_heap # see #settled?
+      @sized = nil # [GC count, heap pages] when last looked, until then
     end
 
     def call(env)
@@ -262,12 +266,15 @@ module Memkit
     # Ruby sizes the heap at the GCs it starts itself, from the objects live
     # then. While a new worker's live set is still growing (caches, the first
     # requests' memoized data), a GC run early, out of band, sees fewer of
-    # them and Ruby grows the heap less: on the promotion-heavy bench app the
-    # heap settled 11% smaller, with 40% more major GCs, for as long as the
-    # process lived (bench/RESULTS.md). So the middleware only watches until
+    # them, Ruby grows the heap less, and the smaller heap reaches its major
+    # GC threshold sooner for as long as the process lives: on Puma with the
+    # promotion-heavy bench app, 8.0 majors per 1,000 requests against Ruby's
+    # 6.0 (bench/RESULTS.md, session 7). So the middleware only watches until
     # a GC of Ruby's own has left the heap no larger (the pages in use plus
-    # those it may add), or after WATCH_GCS of them for a heap that keeps
-    # growing.
+    # those it may add). A live set that keeps growing does not keep it
+    # watching: the minor GC that leaves the heap short, and makes the next
+    # GC major instead of growing it, leaves it no larger. One heap only (see
+    # #initialize).
     def settled?
       return true if @settled
 
@@ -276,8 +283,7 @@ module Memkit
       pages = @stat.fetch(:heap_eden_pages, 0) + @stat.fetch(:heap_allocatable_pages, 0)
       if @sized && @stat[:count] != @sized[0]
         self.class.watched(@stat[:count] - @sized[0])
-        @watched = (@watched || 0) + @stat[:count] - @sized[0]
-        @settled = pages <= @sized[1] || @watched >= WATCH_GCS
+        @settled = pages <= @sized[1]
       end
       @sized = [@stat[:count], pages]
       @settled
