@@ -123,16 +123,19 @@ module Memkit
 
     # After more requests, so the workers that replaced the bloated ones are
     # past their first GCs, which OobGC leaves to Ruby (see OobGC#settled?).
-    # /metrics answers for one worker: asked again, other workers answer.
+    # /metrics answers for one worker: asked by several clients at once, and
+    # again, more of the workers answer.
     def oob_gc
       more = @requests * 3
       send_requests(more.times.map { |i| "/products/#{i * 41}" })
       seen = {}
-      (@workers * 10).times do
-        text = Net::HTTP.get("127.0.0.1", "/metrics", @port)
-        pid = text[/^memkit_oobgc_requests_total\{pid="(\d+)"\}/, 1] or next
-        seen[pid] = %w[runs inside_request_runs watched_runs].to_h do |name|
-          [name, text.scan(/^memkit_oobgc_#{name}_total\{[^}]*\} (\S+)/).sum { |(v)| v.to_f }.round]
+      10.times do
+        texts = Array.new(@workers) { Thread.new { Net::HTTP.get("127.0.0.1", "/metrics", @port) } }.map(&:value)
+        texts.each do |text|
+          pid = text[/^memkit_oobgc_requests_total\{pid="(\d+)"\}/, 1] or next
+          seen[pid] = %w[runs inside_request_runs watched_runs].to_h do |name|
+            [name, text.scan(/^memkit_oobgc_#{name}_total\{[^}]*\} (\S+)/).sum { |(v)| v.to_f }.round]
+          end
         end
         break if seen.size == @workers
       end
