@@ -198,11 +198,7 @@ class OobGCTest < Minitest::Test
   def test_stops_watching_a_heap_that_keeps_growing
     skip "one heap only: size pools (Ruby 3.2+) collect from the start" if size_pools?
     in_fresh_process do
-      kept = []
-      growing = lambda do |env|
-        kept << Array.new(20_000) { |i| "kept #{i}" }
-        ALLOCATING.call(env)
-      end
+      growing = keeping(strings: 20_000, requests: Float::INFINITY)
       middleware = Memkit::OobGC.new(growing, headroom: 1_000_000) # always "due"
       Memkit::OobGC.reset_stats
       pages = -> { GC.stat(:heap_eden_pages) + GC.stat(:heap_allocatable_pages) }
