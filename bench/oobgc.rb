@@ -17,6 +17,10 @@
 #                     the worker accepts nothing
 #   memkit_reply      Puma only: use Memkit::OobGC without the hook, the GC
 #                     running in rack.after_reply
+#   memkit_close      Puma only: memkit, with Puma's `enable_keep_alives false`
+#                     (Puma closes each connection after its response, whatever
+#                     the client asked), the set-up docs/SERVERS.md suggests
+#                     for kept-alive clients
 #
 # Two loads per mode, each on a freshly booted server after a warm-up:
 #   paced      each wrk connection waits --pace ms between a response and its
@@ -53,7 +57,8 @@ module OobgcBenchRunner
   include Memkit::ServersHelper
   extend self
 
-  MODES = { unicorn: %w[none unicorn_oobgc memkit], puma: %w[none unicorn_oobgc puma_out_of_band memkit_reply memkit] }.freeze
+  MODES = { unicorn: %w[none unicorn_oobgc memkit],
+            puma: %w[none unicorn_oobgc puma_out_of_band memkit_reply memkit memkit_close] }.freeze
   APP = File.expand_path("oobgc_app.rb", __dir__)
   WRK_SCRIPT = File.expand_path("oobgc.lua", __dir__)
 
@@ -89,8 +94,9 @@ module OobgcBenchRunner
 
   def measure(server, mode, load, opts)
     Dir.mktmpdir("memkit-oobgc") do |dir|
-      extra = { "puma_out_of_band" => "out_of_band { GC.start }",
-                "memkit" => server == :puma ? "out_of_band { Memkit::OobGC.out_of_band }" : "" }.fetch(mode, "")
+      hook = "out_of_band { Memkit::OobGC.out_of_band }"
+      extra = { "puma_out_of_band" => "out_of_band { GC.start }", "memkit" => server == :puma ? hook : "",
+                "memkit_close" => "#{hook}\nenable_keep_alives false" }.fetch(mode, "")
       srv = start_server(server, app_source(mode, dir), dir: dir, port: free_port, extra: extra)
       begin
         url = "http://127.0.0.1:#{srv.port}/"
@@ -121,7 +127,7 @@ module OobgcBenchRunner
     middleware =
       case mode
       when "unicorn_oobgc" then %(require "unicorn"\nrequire "unicorn/oob_gc"\nuse Unicorn::OobGC, 5)
-      when "memkit", "memkit_reply" then "use Memkit::OobGC"
+      when "memkit", "memkit_reply", "memkit_close" then "use Memkit::OobGC"
       else ""
       end
     <<~RUBY
@@ -189,31 +195,38 @@ module OobgcBenchRunner
     puts Memkit::CLI.table(header, table, left: [0, 1, 2])
     puts
     puts "Ratios, memkit vs the others (pooled over #{opts[:rounds]} round(s); " \
-         "'below in k/n' = rounds where memkit's own p99 was below the other's in the same round):"
+         "'below in k/n' = rounds where its own p99 was below the other's in the same round):"
     opts[:servers].each do |server|
-      mk = ->(load) { pooled[[server, "memkit", load]] }
-      next unless mk.(:paced) && mk.(:saturated)
+      %w[memkit memkit_close].each do |subject|
+        mk = ->(load) { pooled[[server, subject, load]] }
+        next unless mk.(:paced) && mk.(:saturated)
 
-      %i[paced saturated].each do |load|
-        r = mk.(load)
-        puts format("  %-7s memkit GC runs outside requests (%s): %.1f%% of %d", server, load,
-                    100.0 * (r[:gc_total] - r[:gc_inside]) / [r[:gc_total], 1].max, r[:gc_total])
-      end
-      (MODES.fetch(server) - ["memkit"]).each do |other|
-        o = ->(load) { pooled[[server, other, load]] }
-        next unless o.(:paced) && o.(:saturated)
-
-        wins = ->(load) do
-          pairs = results[[server, "memkit", load]].zip(results[[server, other, load]])
-          "#{pairs.count { |m, x| percentile(m[:hist], 99) < percentile(x[:hist], 99) }}/#{pairs.size}"
+        %i[paced saturated].each do |load|
+          r = mk.(load)
+          puts format("  %-7s %s GC runs outside requests (%s): %.1f%% of %d", server, subject, load,
+                      100.0 * (r[:gc_total] - r[:gc_inside]) / [r[:gc_total], 1].max, r[:gc_total])
         end
-        ratio = ->(load, key) { mk.(load)[key] / o.(load)[key] }
-        puts format("  %-7s vs %-16s p99 paced %.2fx (below in %s), p99 saturated %.2fx (below in %s), " \
-                    "throughput saturated %.2fx, paced %.2fx, CPU per request saturated %.2fx",
-                    server, other, ratio.(:paced, :p99), wins.(:paced), ratio.(:saturated, :p99), wins.(:saturated),
-                    ratio.(:saturated, :rps), ratio.(:paced, :rps), ratio.(:saturated, :cpu_per_request))
+        # memkit_close is compared only with what it would replace.
+        others = subject == "memkit" ? MODES.fetch(server) - %w[memkit memkit_close] : %w[none memkit]
+        others.each { |other| compare(results, pooled, server, subject, other) }
       end
     end
+  end
+
+  def compare(results, pooled, server, subject, other)
+    mk = ->(load) { pooled[[server, subject, load]] }
+    o = ->(load) { pooled[[server, other, load]] }
+    return unless o.(:paced) && o.(:saturated)
+
+    wins = ->(load) do
+      pairs = results[[server, subject, load]].zip(results[[server, other, load]])
+      "#{pairs.count { |m, x| percentile(m[:hist], 99) < percentile(x[:hist], 99) }}/#{pairs.size}"
+    end
+    ratio = ->(load, key) { mk.(load)[key] / o.(load)[key] }
+    puts format("  %-7s %s vs %-16s p99 paced %.2fx (below in %s), p99 saturated %.2fx (below in %s), " \
+                "throughput saturated %.2fx, paced %.2fx, CPU per request saturated %.2fx",
+                server, subject, other, ratio.(:paced, :p99), wins.(:paced), ratio.(:saturated, :p99), wins.(:saturated),
+                ratio.(:saturated, :rps), ratio.(:paced, :rps), ratio.(:saturated, :cpu_per_request))
   end
 end
 
