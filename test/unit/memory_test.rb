@@ -100,7 +100,7 @@ class MemoryTest < Minitest::Test
   end
 
   def test_parse_raises_naming_the_missing_field
-    text = File.read(File.expand_path("../fixtures/proc/smaps_rollup", __dir__)).sub(/^Pss:.*\n/, "")
+    text = File.read(File.join(ROOT, "test/fixtures/proc/smaps_rollup")).sub(/^Pss:.*\n/, "")
     error = assert_raises(Memkit::ParseError) { Memkit::Memory.parse(text, "/proc/7/smaps_rollup") }
     assert_equal "/proc/7/smaps_rollup: no Pss field", error.message
   end

@@ -11,7 +11,7 @@ module SoakRackDriverTests
   def driver(path) = Memkit::Soak::RackDriver.new(path, native: native?)
 
   def test_each_request_gets_a_fresh_rack_env
-    driver(File.expand_path("../fixtures/soak/rack_contract.ru", __dir__)).drive(10)
+    driver(File.join(Memkit::TestHelpers::ROOT, "test/fixtures/soak/rack_contract.ru")).drive(10)
     log = Object.const_get(:LOG)
 
     requests = log.select { |e| e.first == :request }
@@ -26,7 +26,7 @@ module SoakRackDriverTests
   end
 
   def test_counts_requests_across_calls
-    d = driver(File.expand_path("../../bench/soak/hello.ru", __dir__))
+    d = driver(File.join(Memkit::TestHelpers::ROOT, "bench/soak/hello.ru"))
     assert_equal 250, d.drive(250)
     assert_equal 1, d.drive(1)
     assert_equal 0, d.drive(0)
@@ -98,7 +98,7 @@ class SoakRackDriverCoreTest < Minitest::Test
     Dir.mktmpdir do |dir|
       FileUtils.cp_r(File.join(Memkit::TestHelpers::ROOT, "lib"), dir)
       Dir[File.join(dir, "lib/memkit/*/memkit_native.*")].each { |f| File.delete(f) }
-      hello = File.expand_path("../../bench/soak/hello.ru", __dir__)
+      hello = File.join(Memkit::TestHelpers::ROOT, "bench/soak/hello.ru")
       script = "require 'memkit'; d = Memkit::Soak::RackDriver.new(#{hello.dump}); " \
                "p [Memkit::Native::LOADED, Memkit::Soak::RackDriver::NATIVE, d.drive(100)]"
       out, status = Open3.capture2e({ "RUBYOPT" => nil, "RUBYLIB" => nil }, RbConfig.ruby, "-I", File.join(dir, "lib"), "-e", script)
@@ -110,7 +110,7 @@ class SoakRackDriverCoreTest < Minitest::Test
   def test_native_true_without_the_extension_is_an_argument_error
     skip "ext/memkit is built here" if Memkit::Soak::RackDriver::NATIVE
 
-    error = assert_raises(Memkit::InvalidArgument) { Memkit::Soak::RackDriver.new(File.expand_path("../../bench/soak/hello.ru", __dir__), native: true) }
+    error = assert_raises(Memkit::InvalidArgument) { Memkit::Soak::RackDriver.new(File.join(Memkit::TestHelpers::ROOT, "bench/soak/hello.ru"), native: true) }
     assert_match(/ext\/memkit is not built/, error.message)
   end
 end

@@ -5,7 +5,7 @@ require "test_helper"
 # Recorded /proc files, mutated 10,000 times: the parsers either return a
 # reading or raise a Memkit::Error, never anything else.
 class FuzzTest < Minitest::Test
-  FIXTURES = File.expand_path("../fixtures/proc", __dir__)
+  FIXTURES = File.join(ROOT, "test/fixtures/proc")
   PARSERS = {
     "smaps_rollup" => ->(text) { Memkit::Memory.parse(text) },
     "smaps" => lambda { |text|

@@ -3,7 +3,7 @@
 require "test_helper"
 
 class MappingsTest < Minitest::Test
-  FIXTURE = File.expand_path("../fixtures/proc/smaps", __dir__)
+  FIXTURE = File.join(ROOT, "test/fixtures/proc/smaps")
 
   # Runs Ruby code in a new process (not a fork: a fork inherits this
   # process's thread stacks, which glibc then reuses for new threads) and
