@@ -184,5 +184,84 @@ class DoctorTest < Minitest::Test
     assert_equal 2, status.exitstatus
     assert_match(/not a pid/, err)
     assert_raises(Memkit::InvalidArgument) { Memkit::Doctor.new(fibers: 0) }
+    assert_raises(Memkit::InvalidArgument) { Memkit::Doctor.new(timeout: 0) }
+    _out, err, status = memkit("doctor", "--timeout", "-1")
+    assert_equal 2, status.exitstatus
+    assert_match(/--timeout/, err)
+  end
+
+  def test_a_kernel_thread_is_named_as_one_not_as_a_missing_process
+    stat = File.read("/proc/2/stat")
+    skip "pid 2 is not kthreadd here (a pid namespace: #{stat[/\(.*\)/]})" unless stat.include?("(kthreadd)")
+
+    error = assert_raises(Memkit::KernelThread) { Memkit::Doctor.new(pid: 2).checks }
+    assert_match(/pid 2 \(kthreadd\) is a kernel thread/, error.message)
+    _out, err, status = memkit("doctor", "2")
+    assert_equal 1, status.exitstatus
+    assert_equal ["memkit: pid 2 (kthreadd) is a kernel thread: it has no user memory to diagnose\n"], err.lines
+  end
+
+  # Processes running `script` anywhere on the machine, the probe's own
+  # fork child included (its command line is its parent's).
+  def processes_running(script)
+    Dir.glob("/proc/[0-9]*/cmdline").filter_map do |f|
+      File.binread(f).split("\0").include?(script) ? f[%r{/proc/(\d+)/}, 1].to_i : nil
+    rescue SystemCallError
+      nil
+    end
+  end
+
+  def test_the_probe_is_killed_with_its_children_when_the_timeout_passes
+    Dir.mktmpdir do |dir|
+      script = File.join(dir, "slow_probe.rb")
+      # Forks like the real probe, and both would outlive any test run.
+      File.write(script, "fork { sleep 600 }\n$stderr.puts 'started'\nsleep 600\n")
+      runner = Memkit::Doctor::ProbeRunner.new(ruby: RbConfig.ruby, env: { "PATH" => ENV.fetch("PATH") }, args: [],
+                                               timeout: 0.5, script: script)
+      threads = Thread.list.size
+      result = runner.call
+      assert result[:timed_out]
+      assert_equal "the probe did not finish within 0.5s and was stopped", result[:skipped]
+      assert_equal threads, Thread.list.size, "the runner starts no threads"
+      assert_empty processes_running(script), "the probe and its fork child were killed"
+    end
+  end
+
+  def test_a_probe_that_fails_or_prints_nonsense_is_reported_not_raised
+    Dir.mktmpdir do |dir|
+      failing = File.join(dir, "failing.rb")
+      File.write(failing, "$stdout.puts '{'\nraise 'the probe broke'\n")
+      result = Memkit::Doctor::ProbeRunner.new(ruby: RbConfig.ruby, env: {}, args: [], timeout: 30, script: failing).call
+      assert_match(/the probe failed: .*the probe broke/, result[:skipped])
+      nonsense = File.join(dir, "nonsense.rb")
+      File.write(nonsense, "puts 'not json'\n")
+      result = Memkit::Doctor::ProbeRunner.new(ruby: RbConfig.ruby, env: {}, args: [], timeout: 30, script: nonsense).call
+      assert_match(/the probe failed/, result[:skipped])
+    end
+  end
+
+  def test_a_short_timeout_skips_the_probes_checks_quietly
+    out, err, status = memkit("doctor", "--timeout", "0.05")
+    assert_equal 0, status.exitstatus, err
+    assert_empty err, "no thread traces or warnings"
+    assert_match(/the probe did not finish within 0.05s and was stopped/, out)
+    refute_match(/fiber.stack_release/, out)
+  end
+
+  def test_the_probe_file_is_plain_ruby_that_does_nothing_when_required
+    _out, err, status = Open3.capture3(RbConfig.ruby, "-c", Memkit::Doctor::ProbeRunner::SCRIPT)
+    assert status.success?, err
+    out, err, status = Open3.capture3(RbConfig.ruby, "-e", "require #{Memkit::Doctor::ProbeRunner::SCRIPT.dump}; print :quiet")
+    assert status.success?, err
+    assert_equal "quiet", out
+  end
+
+  def test_without_a_pid_memkit_does_not_count_its_probes_threads
+    out, err, status = Open3.capture3({ "MALLOC_ARENA_MAX" => nil }, RbConfig.ruby, "-I", File.join(Memkit::TestHelpers::ROOT, "lib"),
+                                      File.join(Memkit::TestHelpers::ROOT, "exe/memkit"), "doctor", "--json")
+    assert_includes [0, 1], status.exitstatus, err
+    check = JSON.parse(out).fetch("checks").find { |c| c["name"] == "MALLOC_ARENA_MAX" }
+    refute_equal "warn", check.fetch("status"), check.fetch("advice")
+    assert_match(/one thread/, check.fetch("advice"))
   end
 end
