@@ -272,7 +272,9 @@ module Memkit
       return check("MALLOC_ARENA_MAX", nil, :warn, "cannot read /proc/#{@pid}/environ (run as the same user or root)") unless env
 
       value = env["MALLOC_ARENA_MAX"]
-      threads = Status.read(target).threads
+      # For this process, its Ruby threads: the kernel's count also has the
+      # VM's timer thread (Ruby 3.3+), which is not a server thread.
+      threads = @pid ? Status.read(target).threads : Thread.list.size
       glibc = allocator.value == "glibc"
       if !glibc
         check("MALLOC_ARENA_MAX", value, :ok, "not glibc malloc: MALLOC_ARENA_MAX does not apply")
