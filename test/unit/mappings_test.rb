@@ -12,7 +12,7 @@ class MappingsTest < Minitest::Test
     script = "keep = (#{setup}); print Marshal.dump(Memkit.mappings.to_h)"
     out, status = Open3.capture2(RbConfig.ruby, "-I#{File.join(ROOT, 'lib')}", "-rmemkit", "-e", script)
     assert status.success?
-    Marshal.load(out) # rubocop:disable Security/MarshalLoad
+    Marshal.load(out)
   end
 
   def test_thread_stacks_are_stacks
