@@ -201,42 +201,45 @@ class DoctorTest < Minitest::Test
     assert_equal ["memkit: pid 2 (kthreadd) is a kernel thread: it has no user memory to diagnose\n"], err.lines
   end
 
-  # Processes running `script` anywhere on the machine, the probe's own
-  # fork child included (its command line is its parent's).
-  def processes_running(script)
-    Dir.glob("/proc/[0-9]*/cmdline").filter_map do |f|
-      File.binread(f).split("\0").include?(script) ? f[%r{/proc/(\d+)/}, 1].to_i : nil
-    rescue SystemCallError
-      nil
-    end
+  # Runs a stand-in probe with this source through Doctor::ProbeRunner.
+  def run_probe(dir, name, source, timeout:)
+    script = File.join(dir, name)
+    File.write(script, source)
+    Memkit::Doctor::ProbeRunner.new(ruby: RbConfig.ruby, env: { "PATH" => ENV.fetch("PATH") }, args: [dir],
+                                    timeout: timeout, script: script).call
+  end
+
+  def alive?(pid)
+    File.read("/proc/#{pid}/stat").split[2] != "Z"
+  rescue SystemCallError
+    false
   end
 
   def test_the_probe_is_killed_with_its_children_when_the_timeout_passes
     Dir.mktmpdir do |dir|
-      script = File.join(dir, "slow_probe.rb")
-      # Forks like the real probe, and both would outlive any test run.
-      File.write(script, "fork { sleep 600 }\n$stderr.puts 'started'\nsleep 600\n")
-      runner = Memkit::Doctor::ProbeRunner.new(ruby: RbConfig.ruby, env: { "PATH" => ENV.fetch("PATH") }, args: [],
-                                               timeout: 0.5, script: script)
       threads = Thread.list.size
-      result = runner.call
+      # Forks like the real probe, says who it and its child are, and would outlive any test run.
+      result = run_probe(dir, "slow.rb", <<~RUBY, timeout: 0.5)
+        child = fork { sleep 600 }
+        File.write(File.join(ARGV[0], "pids"), [Process.pid, child].join(" "))
+        sleep 600
+      RUBY
       assert result[:timed_out]
       assert_equal "the probe did not finish within 0.5s and was stopped", result[:skipped]
       assert_equal threads, Thread.list.size, "the runner starts no threads"
-      assert_empty processes_running(script), "the probe and its fork child were killed"
+      pids = File.read(File.join(dir, "pids")).split.map(&:to_i)
+      assert_equal 2, pids.size
+      wait_until(timeout: 5, message: "the probe's fork child to be reaped by init") { pids.none? { |pid| alive?(pid) } }
     end
   end
 
   def test_a_probe_that_fails_or_prints_nonsense_is_reported_not_raised
     Dir.mktmpdir do |dir|
-      failing = File.join(dir, "failing.rb")
-      File.write(failing, "$stdout.puts '{'\nraise 'the probe broke'\n")
-      result = Memkit::Doctor::ProbeRunner.new(ruby: RbConfig.ruby, env: {}, args: [], timeout: 30, script: failing).call
+      result = run_probe(dir, "failing.rb", "$stdout.puts '{'\nraise 'the probe broke'\n", timeout: 30)
       assert_match(/the probe failed: .*the probe broke/, result[:skipped])
-      nonsense = File.join(dir, "nonsense.rb")
-      File.write(nonsense, "puts 'not json'\n")
-      result = Memkit::Doctor::ProbeRunner.new(ruby: RbConfig.ruby, env: {}, args: [], timeout: 30, script: nonsense).call
+      result = run_probe(dir, "nonsense.rb", "puts 'not json'\n", timeout: 30)
       assert_match(/the probe failed/, result[:skipped])
+      assert_equal({ ok: [1] }, run_probe(dir, "fine.rb", "puts '{\"ok\": [1]}'\n", timeout: 30))
     end
   end
 
