@@ -1,9 +1,7 @@
 # frozen_string_literal: true
 
-require "json"
-require "open3"
 require "rbconfig"
-require "timeout"
+require_relative "doctor/probe_runner"
 
 module Memkit
   # The settings and limits that decide how much memory a forking Ruby
@@ -32,11 +30,16 @@ module Memkit
 
     # pid: nil for this process. probe: false skips the Ruby probe (the
     # measured fiber and GC checks). fibers: how many fibers the probe makes.
+    # timeout: seconds the probe may run before it is killed and its checks
+    # are reported as not measured.
     def initialize(pid: nil, probe: true, fibers: 1000, timeout: 60)
       @pid = pid.nil? ? nil : ProcFS.pid!(pid)
       @probe = probe
-      @fibers = Integer(fibers)
-      raise InvalidArgument, "Doctor fibers: expected a positive Integer, got #{fibers.inspect}" unless @fibers.positive?
+      @fibers = fibers
+      raise InvalidArgument, "Doctor fibers: expected a positive Integer, got #{fibers.inspect}" unless
+        fibers.is_a?(Integer) && fibers.positive?
+      raise InvalidArgument, "Doctor timeout: expected a positive number of seconds, got #{timeout.inspect}" unless
+        timeout.is_a?(Numeric) && timeout.positive?
 
       @timeout = timeout
     end
@@ -45,6 +48,7 @@ module Memkit
       @checks ||= begin
         target = @pid || Process.pid
         ProcFS.read(target, "stat") # fail early, with NoSuchProcess or PermissionDenied
+        raise_if_kernel_thread(target)
         probe = ruby_probe
         list = ruby_checks(probe)
         list << guarded("gc.env") { gc_env }
@@ -67,6 +71,20 @@ module Memkit
     private
 
     def target = @pid || Process.pid
+
+    # PF_KTHREAD in /proc/PID/stat's flags (field 9): kthreadd and its
+    # children have no user address space, so their environ, maps and exe
+    # read as if the process were gone.
+    PF_KTHREAD = 0x00200000
+
+    def raise_if_kernel_thread(pid)
+      stat = ProcFS.read(pid, "stat")
+      name = stat[/\((.*)\)/m, 1]
+      flags = stat[(stat.rindex(")") + 2)..].split[6].to_i
+      return if (flags & PF_KTHREAD).zero?
+
+      raise KernelThread, "pid #{pid} (#{name}) is a kernel thread: it has no user memory to diagnose"
+    end
 
     # The status of a resource used to the fraction `used` of its limit.
     def level(used, warn:, fail: 0.9)
@@ -133,16 +151,7 @@ module Memkit
 
       probe_env = env.select { |k, _| k.match?(PROBE_ENV) }
       probe_env["PATH"] = ENV.fetch("PATH", "/usr/bin:/bin")
-      out, err, status = Timeout.timeout(@timeout) do
-        Open3.capture3(probe_env, ruby, "--disable-gems", "-e", PROBE, @fibers.to_s, unsetenv_others: true)
-      end
-      return { skipped: "the probe failed: #{err.lines.last.to_s.strip}" } unless status.success?
-
-      JSON.parse(out, symbolize_names: true)
-    rescue Timeout::Error
-      { skipped: "the probe took longer than #{@timeout}s" }
-    rescue JSON::ParserError, SystemCallError => e
-      { skipped: "the probe failed: #{e.message}" }
+      ProbeRunner.new(ruby: ruby, env: probe_env, args: [@fibers], timeout: @timeout).call
     end
 
     def exe_name
@@ -263,7 +272,9 @@ module Memkit
       return check("MALLOC_ARENA_MAX", nil, :warn, "cannot read /proc/#{@pid}/environ (run as the same user or root)") unless env
 
       value = env["MALLOC_ARENA_MAX"]
-      threads = Status.read(target).threads
+      # For this process, its Ruby threads: the kernel's count also has the
+      # VM's timer thread (Ruby 3.3+), which is not a server thread.
+      threads = @pid ? Status.read(target).threads : Thread.list.size
       glibc = allocator.value == "glibc"
       if !glibc
         check("MALLOC_ARENA_MAX", value, :ok, "not glibc malloc: MALLOC_ARENA_MAX does not apply")
@@ -413,111 +424,5 @@ module Memkit
             "#{Units.human(size)} of #{Units.human(limit)} address space in use" \
             "#{per ? "; each live fiber reserves #{Units.human(per)}" : ''}: mmap fails at the limit")
     end
-
-    # Runs in the target's Ruby with `ruby --disable-gems -e PROBE N`. It may
-    # be a different Ruby from memkit's, so it uses nothing but core Ruby.
-    PROBE = <<~'RUBY'
-      require "json"
-      count = Integer(ARGV[0])
-      PAGE = 4096
-      def stack_memory
-        rss = lazy = 0
-        prev = cur = nil
-        File.foreach("/proc/self/smaps") do |line|
-          if (m = line.chomp.match(/\A(\h+)-(\h+) (\S{4}) \h+ \S+ \d+ *(.*)\z/))
-            prev = cur
-            cur = { start: m[1].to_i(16), finish: m[2].to_i(16), perms: m[3], path: m[4] }
-            # Fiber and thread stacks: anonymous, directly above a PROT_NONE guard page.
-            cur[:stack] = cur[:path].empty? && prev && prev[:perms].start_with?("---") && prev[:path].empty? &&
-                          prev[:finish] == cur[:start]
-          elsif cur && cur[:stack] && (f = line.match(/\A(Rss|LazyFree):\s+(\d+) kB/))
-            f[1] == "Rss" ? rss += f[2].to_i * 1024 : lazy += f[2].to_i * 1024
-          end
-        end
-        [rss, lazy]
-      end
-      def rss = File.read("/proc/self/statm").split[1].to_i * PAGE
-      def vsize = File.read("/proc/self/statm").split[0].to_i * PAGE
-      def maps = File.read("/proc/self/maps").count("\n")
-      def deep(n) = n.zero? ? Fiber.yield : deep(n - 1)
-
-      params = defined?(RubyVM::DEFAULT_PARAMS) ? RubyVM::DEFAULT_PARAMS : {}
-      consts = defined?(GC::INTERNAL_CONSTANTS) ? GC::INTERNAL_CONSTANTS : {}
-      features = {
-        process_warmup: Process.respond_to?(:warmup),
-        gc_compact: GC.respond_to?(:compact),
-        gc_auto_compact: GC.respond_to?(:auto_compact),
-        size_pools: consts[:SIZE_POOL_COUNT] || consts[:HEAP_COUNT],
-        yjit: defined?(RubyVM::YJIT) ? RubyVM::YJIT.enabled? : false
-      }
-
-      # Young objects after fork: a child runs one minor GC; how much of the
-      # heap holding them does it copy?
-      age = begin
-        GC.start
-        GC.start
-        objects = Array.new(100_000) { Object.new }
-        slot = GC.stat(:heap_live_slots) ? (consts[:RVALUE_SIZE] || consts[:BASE_SLOT_SIZE] || 40) : 40
-        r, w = IO.pipe
-        r2, w2 = IO.pipe
-        child = fork do
-          r.close
-          w2.close
-          w.write("a")
-          r2.read(1)
-          GC.start(full_mark: false)
-          w.write("b")
-          r2.read(1)
-          exit!(0)
-        end
-        w.close
-        r2.close
-        dirty = -> { File.read("/proc/#{child}/smaps_rollup")[/^Private_Dirty:\s+(\d+)/, 1].to_i * 1024 }
-        r.read(1)
-        before = dirty.call
-        w2.write("x")
-        r.read(1)
-        after = dirty.call
-        w2.write("x")
-        Process.wait(child)
-        { objects: objects.size, heap_bytes: objects.size * slot, dirtied: after - before }
-      rescue StandardError, NotImplementedError => e
-        { error: "#{e.class}: #{e.message}" }
-      end
-      objects = nil
-
-      # Fiber stacks: make `count` fibers that each use some stack, let them
-      # finish, collect them, and see whether the stacks' memory went back.
-      GC.start
-      base_rss, = stack_memory
-      rss0 = rss
-      vsize0 = vsize
-      maps0 = maps
-      fibers = Array.new(count) { Fiber.new { deep(100) }.tap(&:resume) }
-      peak_rss, = stack_memory
-      per_rss = (rss - rss0) / count
-      per_vsize = (vsize - vsize0) / count
-      per_maps = ((maps - maps0).to_f / count).round(2)
-      fibers.each(&:resume)
-      fibers = nil
-      GC.start
-      GC.start
-      after_rss, lazy = stack_memory
-      grown = peak_rss - base_rss
-      release =
-        if grown <= 0 then "unknown"
-        elsif after_rss - base_rss <= grown / 2 then "returned"
-        elsif lazy >= grown / 2 then "lazy"
-        else "kept"
-        end
-      puts JSON.generate(
-        description: RUBY_DESCRIPTION, features: features, age: age,
-        fiber: {
-          count: count, vm_stack_size: params[:fiber_vm_stack_size], machine_stack_size: params[:fiber_machine_stack_size],
-          rss_per_fiber: per_rss, address_space_per_fiber: per_vsize, mappings_per_fiber: per_maps,
-          base_rss: base_rss, peak_rss: peak_rss, after_rss: after_rss, lazy_free: lazy, release: release
-        }
-      )
-    RUBY
   end
 end

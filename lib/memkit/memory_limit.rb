@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "after_reply"
+require_relative "libc"
 
 module Memkit
   # Rack middleware that has a bloated worker replaced, gracefully, by the
@@ -234,7 +235,7 @@ module Memkit
       uss = Memkit.memory.uss
       if uss > max_uss
         GC.start(full_mark: true, immediate_sweep: true)
-        trimmed = Memkit::MemoryLimit.malloc_trim
+        trimmed = !Libc.malloc_trim.nil?
         before = uss
         uss = Memkit.memory.uss
         rss = Memkit.rss
@@ -288,27 +289,6 @@ module Memkit
 
     def log(line)
       @logger.respond_to?(:warn) && !@logger.is_a?(IO) ? @logger.warn(line) : @logger.puts(line)
-    end
-
-    class << self
-      # Asks glibc to return free heap memory to the kernel. true if it ran
-      # (glibc), false elsewhere (musl, jemalloc without the symbol, macOS).
-      def malloc_trim
-        fn = @malloc_trim ||= load_malloc_trim
-        return false unless fn
-
-        fn.call(0)
-        true
-      end
-
-      private
-
-      def load_malloc_trim
-        require "fiddle"
-        Fiddle::Function.new(Fiddle::Handle::DEFAULT["malloc_trim"], [Fiddle::TYPE_SIZE_T], Fiddle::TYPE_INT)
-      rescue LoadError, Fiddle::DLError
-        false
-      end
     end
   end
 end

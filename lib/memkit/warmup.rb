@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "libc"
+
 module Memkit
   # Prepares the Ruby heap so that children forked afterwards keep sharing
   # it with the parent. Memkit.warmup(**options) calls Warmup.run.
@@ -88,9 +90,7 @@ module Memkit
         GC.stat(:heap_live_slots) - GC.stat(:old_objects)
       end
 
-      def malloc_trim_available?
-        !malloc_trim_function.nil?
-      end
+      def malloc_trim_available? = Libc.malloc_trim?
 
       private
 
@@ -227,43 +227,19 @@ module Memkit
       # Mallocs of falling sizes until one comes from the top chunk, which is
       # fresh memory: everything before it came from a hole.
       def fill_malloc_holes
-        fns = malloc_functions or return 0
-        info = mallinfo2(fns)
-        top_start = fns[:sbrk].call(0) - info[9]
+        return 0 unless Libc.malloc_trim? && (info = Libc.mallinfo2) && (heap_end = Libc.program_break)
+
+        top_start = heap_end - info.keepcost
         filled = 0
         [65_536, 16_384, 4096, 1024, 256, 64, 16].each do |size|
           loop do
-            address = fns[:malloc].call(size)
+            address = Libc.malloc_address(size).to_i
             break if address.zero? || address >= top_start - 64
 
             filled += size
           end
         end
         filled
-      end
-
-      def mallinfo2(fns)
-        buffer = Fiddle::Pointer.malloc(80, Fiddle::RUBY_FREE)
-        fns[:mallinfo2].call(buffer)
-        buffer[0, 80].unpack("Q10")
-      end
-
-      def malloc_functions
-        return @malloc_functions if defined?(@malloc_functions)
-
-        @malloc_functions =
-          begin
-            raise LoadError unless RbConfig::CONFIG["host_cpu"] == "x86_64" && malloc_trim_function
-
-            libc = Fiddle::Handle::DEFAULT
-            # Addresses come back as Integers: a Fiddle::Pointer per call would
-            # itself be garbage in the heap being prepared.
-            { malloc: Fiddle::Function.new(libc["malloc"], [Fiddle::TYPE_SIZE_T], Fiddle::TYPE_SIZE_T),
-              sbrk: Fiddle::Function.new(libc["sbrk"], [Fiddle::TYPE_LONG], Fiddle::TYPE_SIZE_T),
-              mallinfo2: Fiddle::Function.new(libc["mallinfo2"], [Fiddle::TYPE_VOIDP], Fiddle::TYPE_VOID) }
-          rescue LoadError, StandardError
-            nil
-          end
       end
 
       # Minor GCs only, until the old generation stops growing.
@@ -294,9 +270,10 @@ module Memkit
       # Bytes the process's RSS shrank by, or nil where there is no glibc
       # malloc_trim (musl, macOS). With jemalloc preloaded it is harmless.
       def trim
-        fn = malloc_trim_function or return nil
+        return nil unless Libc.malloc_trim?
+
         before = rss
-        fn.call(0)
+        Libc.malloc_trim
         before ? [before - rss.to_i, 0].max : 0
       end
 
@@ -305,19 +282,6 @@ module Memkit
         Memkit.rss
       rescue Memkit::Error
         nil
-      end
-
-      def malloc_trim_function
-        return @malloc_trim if defined?(@malloc_trim)
-
-        @malloc_trim =
-          begin
-            require "fiddle"
-            require "rbconfig"
-            Fiddle::Function.new(Fiddle::Handle::DEFAULT["malloc_trim"], [Fiddle::TYPE_SIZE_T], Fiddle::TYPE_INT)
-          rescue LoadError, StandardError
-            nil
-          end
       end
 
       def clock = Process.clock_gettime(Process::CLOCK_MONOTONIC)
