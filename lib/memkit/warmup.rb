@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "warmup/app"
+
 module Memkit
   # Prepares the Ruby heap so that children forked afterwards keep sharing
   # it with the parent. Memkit.warmup(**options) calls Warmup.run.
@@ -32,19 +34,24 @@ module Memkit
   # can both call it before the same fork without doing the work twice.
   module Warmup
     DEFAULTS = { force: false, threshold: 10_000, max_gcs: 8, promote: true, coderange: true,
-                 compact: :auto, trim: true, fill: true, process_warmup: :auto }.freeze
+                 compact: :auto, trim: true, fill: true, process_warmup: :auto,
+                 app: nil, requests: nil, logger: nil }.freeze
 
     # What a run did. Durations in seconds, sizes in bytes.
     Report = Struct.new(:skipped, :reason, :duration, :steps, :gc_runs, :young_before, :young_after,
                         :slots_freed, :pages_freed, :bytes_trimmed, :slots_filled, :bytes_filled, :rss_before, :rss_after,
-                        keyword_init: true) do
-      def to_h = super.merge(steps: steps.dup)
+                        :requests, keyword_init: true) do
+      # The app warm-up requests that raised or answered 5xx.
+      def failures = Array(requests).select(&:failed?)
+
+      def to_h = super.merge(steps: steps.dup, requests: Array(requests).map(&:to_h))
     end
 
     @state = nil
     @last_report = nil
     @runs = 0
     @lock = Mutex.new
+    @warmed_apps = {}.compare_by_identity
 
     class << self
       # Options (all keywords):
@@ -55,12 +62,24 @@ module Memkit
       #   compact:        true, false, or :auto = where GC.compact exists and
       #                   Process.warmup does not (it compacts itself) (:auto)
       #   process_warmup: true, false or :auto = use Process.warmup where it exists
+      #   app:            a Rack app to send `requests` through first, in this
+      #                   process, before the heap steps (Warmup::App); once
+      #                   per app per process, so a before_fork hook that runs
+      #                   before every worker's fork sends them once
+      #   requests:       Strings (GET paths) and Hashes (Rack envs); ["/"] when
+      #                   app: is given without them
+      #   logger:         where a failed request's line goes: nil = stderr,
+      #                   a Logger, or an IO
       def run(**options)
         opts = validate(options)
-        return Report.new(skipped: true, reason: :locked, duration: 0.0, steps: [], gc_runs: 0) if @lock.owned?
+        if @lock.owned?
+          return Report.new(skipped: true, reason: :locked, duration: 0.0, steps: [], gc_runs: 0, requests: [])
+        end
 
         @lock.synchronize do
+          requests = warm_app(opts)
           @last_report = perform(opts)
+          @last_report.requests = requests
           @runs += 1 unless @last_report.skipped
           @last_report
         end
@@ -80,6 +99,7 @@ module Memkit
       # Forget the last run, so the next one does all the work.
       def reset!
         @state = nil
+        @warmed_apps.clear
         @last_report = nil
         @runs = 0
       end
@@ -99,6 +119,8 @@ module Memkit
         raise InvalidArgument, "unknown warmup option#{'s' if unknown.size > 1}: #{unknown.join(', ')} (known: #{DEFAULTS.keys.join(', ')})" unless unknown.empty?
 
         opts = DEFAULTS.merge(options)
+        raise InvalidArgument, "warmup requests: given without app:" if opts[:requests] && opts[:app].nil?
+        opts[:app_warmup] = App.new(opts[:app], opts[:requests] || ["/"], logger: opts[:logger]) if opts[:app]
         %i[force promote coderange trim fill].each do |key|
           raise InvalidArgument, "warmup #{key}: must be true or false, not #{opts[key].inspect}" unless [true, false].include?(opts[key])
         end
@@ -112,6 +134,15 @@ module Memkit
         raise InvalidArgument, "warmup process_warmup: true, but this Ruby has no Process.warmup" if opts[:process_warmup] == true && !Process.respond_to?(:warmup)
 
         opts
+      end
+
+      # The app's requests, unless this app was warmed in this process already.
+      def warm_app(opts)
+        app = opts[:app_warmup] or return []
+        return [] if @warmed_apps.key?(opts[:app])
+
+        @warmed_apps[opts[:app]] = true
+        app.run
       end
 
       def perform(opts)
