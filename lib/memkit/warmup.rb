@@ -18,14 +18,17 @@ module Memkit
   #   copying each such page; GC.compact packs survivors into fewer pages.
   # - trim: glibc keeps freed chunks inside pages the child shares and hands
   #   them out again; malloc_trim(0) returns whole free pages to the kernel.
-  # - fill: what trim cannot return (free slots, chunks smaller than a page)
-  #   is filled with objects and chunks that stay, so the child allocates in
-  #   fresh pages instead of copying the parent's (docs/FORK.md: +9 points of
-  #   sharing on the app shape on 3.1).
+  # - fill (off by default): what trim cannot return (free slots, chunks
+  #   smaller than a page) is filled with objects and chunks that stay, so
+  #   the child allocates in fresh pages instead of copying the parent's.
+  #   It raises the share of the master each worker keeps, but the filler
+  #   stays in the master for good and the workers grow fresh pages instead:
+  #   measured by the tree's total PSS it costs more than it saves (on 3.3
+  #   and on the Rails app, bench/notes/cow.md), so it runs only on request.
   #
   # Where Process.warmup exists (Ruby 3.3+) it does promote, compact, free
-  # empty pages, coderange and malloc_trim in C; memkit calls it instead,
-  # then fills.
+  # empty pages, coderange and malloc_trim in C; memkit calls it instead, so
+  # the default there is exactly the built-in.
   #
   # Adaptive: the heap counters at the end of a run are remembered, and the
   # next run returns at once (report.skipped) while fewer than `threshold`
@@ -34,7 +37,7 @@ module Memkit
   # can both call it before the same fork without doing the work twice.
   module Warmup
     DEFAULTS = { force: false, threshold: 10_000, max_gcs: 8, promote: true, coderange: true,
-                 compact: :auto, trim: true, fill: true, process_warmup: :auto,
+                 compact: :auto, trim: true, fill: false, process_warmup: :auto,
                  app: nil, requests: nil, logger: nil }.freeze
 
     # What a run did. Durations in seconds, sizes in bytes.
@@ -58,7 +61,8 @@ module Memkit
       #   force:          true runs every step even if nothing changed (default false)
       #   threshold:      allocations since the last run below which it is a no-op (10_000)
       #   max_gcs:        most GCs spent promoting young objects (8)
-      #   promote, coderange, trim, fill: true/false, each step on its own (all true)
+      #   promote, coderange, trim: true/false, each step on its own (true)
+      #   fill:           true fills free slots and malloc holes (false: see above)
       #   compact:        true, false, or :auto = where GC.compact exists and
       #                   Process.warmup does not (it compacts itself) (:auto)
       #   process_warmup: true, false or :auto = use Process.warmup where it exists
