@@ -33,6 +33,8 @@ class CowTest < Minitest::Test
       assert status.success?, err
       report = JSON.parse(out, symbolize_names: true)
       assert_equal "pagemap", report[:method]
+      assert_equal report[:master][:pss] + report[:workers].sum { |w| w[:pss] }, report[:tree_pss]
+      assert_operator report[:workers].find { |w| w[:pid] == writer }[:uss], :>, BIG * 3 / 4
       workers = report[:workers].to_h { |w| [w[:pid], w] }
       # The memkit process itself is this test's child too.
       assert_equal [reader, writer].sort, (workers.keys & [reader, writer]).sort
@@ -83,6 +85,8 @@ class CowTest < Minitest::Test
     with_children(1) do |(child)|
       out, err, status = memkit("cow", Process.pid)
       assert status.success?, err
+      assert_match(/^tree #{Process.pid}: pss [\d.]+ \w+ \(master [\d.]+ \w+ \+ \d+ workers/, out)
+      assert_match(/worker uss mean /, out)
       assert_match(/^master #{Process.pid}: rss /, out)
       assert_match(/^\s*#{child}\s/, out)
       assert_match(/shared%/, out)
