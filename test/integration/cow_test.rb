@@ -112,6 +112,23 @@ class CowTest < Minitest::Test
     Process.wait(pid) rescue nil
   end
 
+  def test_bench_cow_help_exits_zero_without_running
+    out, err, status = memkit("bench", "cow", "--help")
+    assert status.success?, err
+    assert_match(/Usage: memkit bench cow/, out)
+    refute_match(/tree_pss/, out, "--help must not run the benchmark")
+  end
+
+  # Outside the source tree, as from an installed gem: nothing under bench/ is needed.
+  def test_bench_cow_one_child_both_shapes_outside_the_repo
+    out, err, status = memkit("bench", "cow", "--children", "1", "--shape", "tree,app", "--depth", "12",
+                              "--scale", "0.02", "--requests", "20", "--modes", "plain,warmup", "--no-python",
+                              chdir: Dir.tmpdir)
+    assert status.success?, err
+    assert_match(/tree_pss/, out)
+    assert_match(/^app\s+warmup\s+tree [\d.]+ \w+\s+[\d.]+x plain/, out)
+  end
+
   def test_invalid_exact_option
     assert_raises(Memkit::InvalidArgument) { Memkit::Cow.read(Process.pid, exact: :yes) }
   end
