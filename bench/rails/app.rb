@@ -14,6 +14,7 @@ require "rails"
 require "active_record/railtie"
 require "action_controller/railtie"
 require "action_view/railtie"
+require "memkit/railtie"
 
 module BenchRails
   class Application < Rails::Application
@@ -29,6 +30,11 @@ module BenchRails
     config.i18n.available_locales = %i[en fr]
     config.i18n.default_locale = :en
     config.hosts.clear
+    # One of each kind of page the bench sends, with ids the bench never asks
+    # for (the workers' own requests stay cold); no side effects.
+    config.memkit.warmup_requests = ["/products", "/products?page=90&locale=fr", "/products/1999",
+                                     "/products/1998?locale=fr", "/categories/books", "/categories/music?locale=fr",
+                                     "/api/products?page=95", "/api/products.json?page=96&locale=fr"]
     config.active_record.sqlite3_production_warning = false if config.active_record.respond_to?(:sqlite3_production_warning=)
   end
 

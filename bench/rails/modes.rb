@@ -3,12 +3,6 @@
 # How the master prepares for fork, shared by unicorn.rb and puma.rb.
 module BenchRails
   module Modes
-    # The warm-up requests: one of each kind of page the bench sends, with
-    # ids the bench never uses (the workers' own requests stay cold).
-    WARMUP_REQUESTS = ["/products", "/products?page=90&locale=fr", "/products/1999", "/products/1998?locale=fr",
-                       "/categories/books", "/categories/music?locale=fr", "/api/products?page=95",
-                       "/api/products.json?page=96&locale=fr"].freeze
-
     module_function
 
     def parse(spec)
@@ -26,12 +20,15 @@ module BenchRails
       require "memkit"
     end
 
-    def before_fork(mode, app)
+    def before_fork(mode)
+      Memkit::Railtie.disconnect_database # the database rule, whatever the mode
       options = mode[:fill].nil? ? {} : { fill: mode[:fill] }
       case mode[:name]
       when "process_warmup" then Process.warmup
       when "memkit"
-        report = Memkit.warmup(app: app, requests: WARMUP_REQUESTS, **options)
+        # Closes the database connections, warms the app with
+        # config.memkit.warmup_requests, prepares the heap, closes them again.
+        report = Memkit::Railtie.before_fork(**options)
         warn "memkit warmup: #{report.requests.size} requests, #{report.failures.size} failed" unless report.requests.empty?
       when "heap" then Memkit.warmup(**options)
       end

@@ -13,7 +13,5 @@ worker_timeout 300
 BenchRails::Modes.at_config(mode)
 
 before_fork do
-  ActiveRecord::Base.connection_handler.clear_all_connections!(:all) rescue ActiveRecord::Base.clear_all_connections!
-  BenchRails::Modes.before_fork(mode, BENCH_RAILS_APP)
-  ActiveRecord::Base.connection_handler.clear_all_connections!(:all) rescue ActiveRecord::Base.clear_all_connections!
+  BenchRails::Modes.before_fork(mode)
 end

@@ -18,8 +18,5 @@ timeout 300
 BenchRails::Modes.at_config(mode)
 
 before_fork do |_server, _worker|
-  # The database rule: no connection crosses a fork.
-  ActiveRecord::Base.connection_handler.clear_all_connections!(:all) rescue ActiveRecord::Base.clear_all_connections!
-  BenchRails::Modes.before_fork(mode, BENCH_RAILS_APP)
-  ActiveRecord::Base.connection_handler.clear_all_connections!(:all) rescue ActiveRecord::Base.clear_all_connections!
+  BenchRails::Modes.before_fork(mode)
 end
