@@ -8,7 +8,12 @@
 #
 #   bench/rails/setup                       # once: bundle install + seed the SQLite file
 #   flock /tmp/memkit-bench.lock bundle exec ruby bench/cow_rails.rb \
-#       [--servers unicorn,puma] [--modes plain,nakayoshi,memkit] [--counts 500,2000] [--repeat 1]
+#       [--servers unicorn,puma] [--modes plain,nakayoshi,memkit] [--counts 500,2000] [--repeat 1] [--out rows.jsonl]
+#   bundle exec ruby bench/cow_rails.rb --report rows.jsonl   # the table and ratios of earlier runs
+#
+# --out appends one JSON line per measurement, so that a long matrix can run
+# as several short runs (each holding the lock under 10 minutes) and be
+# reported together.
 #
 # Modes (bench/rails/modes.rb): plain, nakayoshi (3.1/3.2 anchor), process_warmup
 # (3.3+ anchor), memkit (app warm-up requests + heap steps), heap (heap steps only),
@@ -22,6 +27,7 @@ require "memkit/cow"
 require "memkit/loopback"
 require "memkit/cli"
 require "net/http"
+require "json"
 require "optparse"
 require "rbconfig"
 require "tmpdir"
@@ -158,13 +164,19 @@ module CowRails
   end
 
   def main(argv)
-    opts = { servers: %w[unicorn puma], modes: nil, counts: [500, 2000], repeat: 1 }
+    opts = { servers: %w[unicorn puma], modes: nil, counts: [500, 2000], repeat: 1, out: nil, report: nil }
     OptionParser.new do |o|
       o.on("--servers LIST", Array) { |v| opts[:servers] = v }
       o.on("--modes LIST", Array) { |v| opts[:modes] = v }
       o.on("--counts LIST", Array, "requests per worker at which to measure (default 500,2000)") { |v| opts[:counts] = v.map { |c| Integer(c) } }
       o.on("--repeat N", Integer) { |v| opts[:repeat] = v }
+      o.on("--out FILE", "append each measurement as a JSON line") { |v| opts[:out] = v }
+      o.on("--report FILE", "print the table of the measurements in FILE, run nothing") { |v| opts[:report] = v }
     end.parse!(argv)
+    if opts[:report]
+      rows = File.readlines(opts[:report]).map { |l| JSON.parse(l, symbolize_names: true) }
+      return report(rows)
+    end
     opts[:modes] ||= ["plain", Process.respond_to?(:warmup) ? "process_warmup" : "nakayoshi", "memkit"]
     seed
     puts "cow_rails: ruby #{RUBY_VERSION}, 4 workers, requests per worker #{opts[:counts].join(', ')}, " \
@@ -179,8 +191,12 @@ module CowRails
               drive(server, count)
               gc_all(server)
               m = measure(server)
-              rows << { server: name, mode: mode, count: count, **m }
-              $stderr.puts format("%s %s %d: tree %s MB", name, mode, count, mb(m[:tree]))
+              row = { server: name, mode: mode, count: count, ruby: RUBY_VERSION, **m }
+              rows << row
+              File.open(opts[:out], "a") { |f| f.puts(JSON.generate(row)) } if opts[:out]
+              $stderr.puts format("%s %s %d: tree %s MB, master pss %s, worker uss %s (max %s), shared %.1f%%",
+                                  name, mode, count, mb(m[:tree]), mb(m[:master_pss]), mb(mean(m[:uss])), mb(m[:uss].max),
+                                  mean(m[:shared]))
             end
           ensure
             stop(server)
@@ -192,7 +208,7 @@ module CowRails
   end
 
   def report(rows)
-    cells = rows.map do |r|
+    cells = rows.sort_by { |r| [r[:server], r[:count]] }.map do |r|
       [r[:server], r[:mode], r[:count], mb(r[:tree]), mb(r[:master_pss]), mb(mean(r[:uss])), mb(r[:uss].max),
        format("%.1f", mean(r[:shared])), mb(r[:master_rss])]
     end
