@@ -136,8 +136,9 @@ module Memkit
         require_option(:min_growth, "an Integer >= 0") { o[:min_growth].is_a?(Integer) && o[:min_growth] >= 0 }
         require_option(:min_requests, "an Integer >= 0") { o[:min_requests].is_a?(Integer) && o[:min_requests] >= 0 }
         require_option(:confirm, "an Integer >= 1") { o[:confirm].is_a?(Integer) && o[:confirm] >= 1 }
-        require_option(:cooldown, "a number of seconds >= 0") { o[:cooldown].is_a?(Numeric) && o[:cooldown] >= 0 }
-        require_option(:max_cooldown, "a number of seconds >= 0") { o[:max_cooldown].is_a?(Numeric) && o[:max_cooldown] >= 0 }
+        %i[cooldown max_cooldown].each do |key|
+          require_option(key, "a number of seconds >= 0") { o[key].is_a?(Numeric) && o[key] >= 0 }
+        end
         require_option(:backoff, "a number >= 1") { o[:backoff].is_a?(Numeric) && o[:backoff] >= 1 }
         require_option(:max_reforks, "nil or an Integer >= 0") do
           o[:max_reforks].nil? || (o[:max_reforks].is_a?(Integer) && o[:max_reforks] >= 0)
