@@ -4,6 +4,7 @@ require "json"
 require "open3"
 require "rbconfig"
 require "timeout"
+require_relative "allocator"
 
 module Memkit
   # The settings and limits that decide how much memory a forking Ruby
@@ -243,12 +244,7 @@ module Memkit
     # --- allocator ------------------------------------------------------
 
     def allocator
-      maps = ProcFS.read(target, "maps")
-      name = if maps.match?(/libjemalloc/) then "jemalloc"
-             elsif maps.match?(/libtcmalloc/) then "tcmalloc"
-             elsif maps.match?(/libmimalloc/) then "mimalloc"
-             else "glibc"
-             end
+      name = Allocator.name(target)
       advice = if name == "glibc"
                  "glibc malloc: one arena per thread up to 8 x cores fragments threaded servers; set " \
                    "MALLOC_ARENA_MAX=2 or preload jemalloc (LD_PRELOAD=libjemalloc.so.2)"
