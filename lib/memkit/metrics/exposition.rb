@@ -32,7 +32,11 @@ module Memkit
 
       def self.number(value)
         case value
-        when Float then value.finite? ? format("%.6f", value).sub(/\.?0+\z/, "") : value.to_s.sub("Infinity", "Inf")
+        when Float
+          if value.nan? then "NaN"
+          elsif value.infinite? then value.positive? ? "+Inf" : "-Inf"
+          else value.to_s
+          end
         else Integer(value).to_s
         end
       end
