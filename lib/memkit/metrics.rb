@@ -55,9 +55,9 @@ module Memkit
     attr_reader :root
 
     # root: the master's pid, or :auto: the master found through the server
-    #   (the worker hook's, else the process that built this app when a
-    #   preloading master forked the one answering, else the process titles;
-    #   see Title.master), never a wrapper above it.
+    #   (the worker hook's, else the process titles, see Title.master, else
+    #   the process that built this app when it is an ancestor of the one
+    #   answering: a preloading master), never a wrapper above it.
     # gc: report this process's own GC counters when it keeps no record.
     # dir: the Store directory of the workers' records (default: per master).
     # container: a callable returning {limit:, usage:} in bytes (either may
@@ -112,15 +112,30 @@ module Memkit
 
       id = Recorder.active? ? Recorder.identity : nil
       return id.master if id
-      # A preloading master built this app, then forked the process answering.
-      return @built_in if @built_in != Process.pid && Title.master(Process.pid) != Process.pid
 
-      Title.master(Process.pid)
+      master = Title.master(Process.pid)
+      return master if master != Process.pid
+      # A server whose titles memkit does not know: a preloading master built
+      # this app, then forked the process answering.
+      return @built_in if @built_in != Process.pid && ancestor?(@built_in)
+
+      Process.pid
     rescue Error
       Process.pid
     end
 
     private
+
+    def ancestor?(pid)
+      current = Process.ppid
+      16.times do
+        return true if current == pid
+        return false if current <= 1
+
+        current = Status.read(current).ppid
+      end
+      false
+    end
 
     def up!(up, pid, error)
       @lock.synchronize do

@@ -189,6 +189,53 @@ class MetricsTest < Minitest::Test
     end
   end
 
+  # Issue 20: real Pitchfork, whose workers are forked by a mold through a
+  # passing middle process and then belong to the monitor. After reforks,
+  # one scrape has the monitor as master, the mold, and workers 0 and 1 with
+  # their GC counters.
+  def test_pitchfork_mold_and_workers
+    skip "pitchfork gem not installed" unless Gem::Specification.find_all_by_name("pitchfork").any?
+
+    Dir.mktmpdir("memkit-metrics") do |dir|
+      port = free_port
+      File.write(File.join(dir, "config.ru"), APP)
+      File.write(File.join(dir, "pitchfork.conf.rb"), <<~RUBY)
+        require "memkit"
+        worker_processes 2
+        listen "127.0.0.1:#{port}"
+        refork_after [30, 30]
+        after_worker_fork { |_server, worker| Memkit::Metrics.worker_booted(worker.nr) }
+        after_mold_fork { |_server, _mold| Memkit::Metrics.mold_booted }
+      RUBY
+      log = File.join(dir, "pitchfork.log")
+      pid = spawn(RbConfig.ruby, "-I", LIB, Gem.bin_path("pitchfork", "pitchfork"), "-c", File.join(dir, "pitchfork.conf.rb"),
+                  File.join(dir, "config.ru"), chdir: dir, out: [log, "a"], err: [:child, :out], pgroup: true)
+      server = Server.new(kind: :unicorn, pid: pid, port: port, log: log, dir: dir) # stopped with QUIT, as Unicorn
+      begin
+        wait_until(timeout: 60, interval: 0.1, message: "pitchfork to answer") { answering?(port, "/") }
+        generation = lambda do
+          children(pid).filter_map { |c| Memkit::Tree.command(c)[/\(gen:(\d+)\) mold/, 1]&.to_i rescue nil }.max.to_i
+        end
+        wait_until(timeout: 60, interval: 0.05, message: "a refork:\n#{server.log_text}") do
+          10.times { answering?(port, "/") }
+          generation.call >= 1
+        end
+        text = wait_until(timeout: 30, interval: 0.2, message: "mold and 2 workers in a scrape") do
+          t = http_get(port, "/metrics")
+          roles = t.scan(/^memkit_process_info\{role="(\w+)",(?:worker="(\d)",)?pid/)
+          t if roles.sort_by(&:to_s) == [["master", nil], ["mold", nil], ["worker", "0"], ["worker", "1"]]
+        end
+        assert_equal "", promtool(text) if system("command -v promtool >/dev/null")
+        assert_match(/^memkit_process_info\{role="master",pid="#{pid}",command="pitchfork monitor/, text)
+        assert_equal %w[0 1], text.scan(/^memkit_gc_runs_total\{role="worker",worker="(\d)",kind="minor"\}/).flatten.sort
+        assert_match(/^memkit_gc_runs_total\{role="mold",kind="minor"\} \d+$/, text)
+        refute_match(/fork_sibling/, text)
+      ensure
+        stop_server(server)
+      end
+    end
+  end
+
   # A real Prometheus scrapes the in-app /metrics of a Unicorn with 2
   # workers and answers the two queries docs/METRICS.md gives: the tree's
   # memory against the container's limit, and the worker with the worst

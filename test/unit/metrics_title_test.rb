@@ -34,11 +34,17 @@ class MetricsTitleTest < Minitest::Test
       fake.(300, 200, "puma: cluster worker 0: 200 [app]")
       fake.(400, 300, "puma: cluster worker 1: 200 [app]") # fork_worker: forked by worker 0
       fake.(500, 1, "unicorn worker[0] -c u.rb")           # orphaned: its master is gone
+      fake.(600, 1, "pitchfork monitor - config.ru")
+      fake.(610, 600, "pitchfork (gen:1) mold - ready")
+      fake.(620, 610, "<pitchfork fork_sibling(spawn_worker)>") # the middle of a double fork
+      fake.(630, 620, "pitchfork (gen:1) worker[1] - init")
       assert_equal 200, Title.master(400, root: root)
       assert_equal 200, Title.master(300, root: root)
       assert_equal 200, Title.master(200, root: root)
       assert_equal 100, Title.master(100, root: root)
       assert_equal 500, Title.master(500, root: root)
+      assert_equal 600, Title.master(630, root: root)
+      assert_equal 600, Title.master(620, root: root)
     end
   end
 end

@@ -16,6 +16,9 @@ module Memkit
     module Title
       WORKER = [/\bworker\[(\d+)\]/, /\Apuma: cluster worker (\d+):/].freeze
       MOLD = /\A\S+ \(gen:\d+\) mold\b/
+      # Pitchfork forks a worker or mold through a short-lived middle process
+      # so that it ends up a child of the monitor: a worker's parent at boot.
+      PASSING = /\A<pitchfork fork_sibling\(/
 
       module_function
 
@@ -32,14 +35,15 @@ module Memkit
       # The server's master for a process: the process itself unless its
       # title names it a worker or mold, else the nearest ancestor whose title
       # does not (Puma's fork_worker forks workers from worker 0; Pitchfork
-      # forks them from a mold). It stops there, so a wrapper above the master
+      # forks them from a mold, through a passing middle process). It stops there, so a wrapper above the master
       # (foreman, a shell, a Ruby script that spawns the server) never becomes
       # the root.
       def master(pid, root: "/proc")
         seen = {}
         loop do
-          role, = parse(Tree.command(pid, root: root))
-          return pid unless role
+          title = Tree.command(pid, root: root)
+          role, = parse(title)
+          return pid unless role || title.b.match?(PASSING)
 
           seen[pid] = true
           parent = Status.read(pid, root: root).ppid
