@@ -24,6 +24,7 @@ module Memkit
       Identity = Struct.new(:pid, :role, :worker, :master, :dir, keyword_init: true)
 
       @lock = Mutex.new
+      @writing = Mutex.new # one writer at a time per process: Puma's threads share the temporary file's name
       @identity = nil   # this process's Identity; stale after a fork (pid differs)
       @written_at = nil # monotonic time of the last write in this process
       @warned = false
@@ -71,9 +72,15 @@ module Memkit
           now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
           id = identity(dir: dir)
           return false if !force && @written_at && now - @written_at < interval
+          # Another thread is writing this very record: its figures will do.
+          return false unless @writing.try_lock
 
-          @written_at = now
-          Store.new(id.dir).write({ pid: id.pid, role: id.role, worker: id.worker, master: id.master, **Counters.read })
+          begin
+            @written_at = now
+            Store.new(id.dir).write({ pid: id.pid, role: id.role, worker: id.worker, master: id.master, **Counters.read })
+          ensure
+            @writing.unlock
+          end
           true
         rescue Error => e
           unless @warned
