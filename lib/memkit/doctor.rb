@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "rbconfig"
+require_relative "allocator"
 require_relative "doctor/probe_runner"
 
 module Memkit
@@ -252,12 +253,7 @@ module Memkit
     # --- allocator ------------------------------------------------------
 
     def allocator
-      maps = ProcFS.read(target, "maps")
-      name = if maps.match?(/libjemalloc/) then "jemalloc"
-             elsif maps.match?(/libtcmalloc/) then "tcmalloc"
-             elsif maps.match?(/libmimalloc/) then "mimalloc"
-             else "glibc"
-             end
+      name = Allocator.name(target)
       advice = if name == "glibc"
                  "glibc malloc: one arena per thread up to 8 x cores fragments threaded servers; set " \
                    "MALLOC_ARENA_MAX=2 or preload jemalloc (LD_PRELOAD=libjemalloc.so.2)"
