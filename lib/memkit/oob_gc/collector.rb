@@ -23,7 +23,7 @@ module Memkit
     # Several collectors in one process share the process's counters; a GC
     # runs only when no unit is in flight in any of them.
     class Collector
-      DEFAULTS = { headroom: 1.25, percentile: 0.95, window: 200, max_heap_growth: 64 << 20, regrow_after: 500,
+      DEFAULTS = { headroom: 1.1, percentile: 0.95, window: 200, max_heap_growth: 64 << 20, regrow_after: 500,
                    full_mark: :auto }.freeze
 
       # A reading of the heap, as the policies take it.
@@ -38,8 +38,9 @@ module Memkit
 
       # headroom: requests' worth of allocation that must remain free before
       #   the next GC for the collector to leave the heap alone (1 = exactly
-      #   the next request at the learned percentile; more collects earlier
-      #   and more often than Ruby would).
+      #   the next request at the learned percentile; each 0.1 more collects
+      #   earlier, and more often than Ruby would: with N requests between
+      #   GCs, about N / (N - headroom + 1) times Ruby's count).
       # percentile, window: the request profile (see Profile).
       # max_heap_growth: bytes of object pages the collector may add to the
       #   heap at run time, so that a collected heap holds the next requests
@@ -70,7 +71,7 @@ module Memkit
         @regrow_after = regrow_after
         @log = log
         @cover = headroom + 1 # after a GC: the next request, and one more
-        @hook_headroom = 1 + ((headroom - 1) / 2.0)
+        @hook_headroom = headroom + 1
         @grown_at = nil # profile request count when the heap was last grown
         @full_mark_off = nil # pid where GC.config(rgengc_allow_full_mark: false) was set
         OutOfBand.register(:oob_gc, order: 50) { OobGC.out_of_band }
@@ -93,17 +94,17 @@ module Memkit
           reading = learn(token)
           valve(reading)
           due = @policy.decide(reading, @profile)
-          next unless due
-          next if gave_up?(reading) && !(due == :major && @policy.is_a?(Policy::NoFullMark))
+          if due
+            next if gave_up?(reading) && !(due == :major && @policy.is_a?(Policy::NoFullMark))
 
-          # Left to Puma's hook only while the next request still fits with
-          # half the headroom to spare: the hook does not run if that request
-          # is already queued, and the GC would then start inside it.
-          ran = if @policy.decide(reading, @profile, headroom: @hook_headroom).nil? && Counters.defer(self)
-                  0
-                else
-                  run(due, reading)
-                end
+            ran = run(due, reading)
+          elsif Counters.hooked? && @policy.decide(reading, @profile, headroom: @hook_headroom)
+            # Where Puma's out_of_band hook runs, a GC one request early goes
+            # there, while the worker accepts nothing; the hook does not run if
+            # the next request is already queued, and then the GC above runs
+            # after that request instead, still between requests.
+            Counters.defer(self)
+          end
         end
         ran
       end
@@ -125,7 +126,7 @@ module Memkit
       def out_of_band
         reading = self.class.reading
         @policy.observe(reading)
-        due = @policy.decide(reading, @profile)
+        due = @policy.decide(reading, @profile, headroom: @hook_headroom)
         due && !gave_up?(reading) ? run(due, reading) : 0
       end
 

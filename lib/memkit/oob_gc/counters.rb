@@ -100,11 +100,13 @@ module Memkit
         # Under the lock: leave the GC to the server's hook if it has run in
         # this process. Returns whether it was left.
         def defer(collector)
-          return false unless @hook_pid == Process.pid
+          return false unless hooked?
 
           @pending = collector
           true
         end
+
+        def hooked? = @hook_pid == Process.pid
 
         def record(major, seconds)
           major ? @stats.oob_major += 1 : @stats.oob_minor += 1
