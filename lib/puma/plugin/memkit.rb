@@ -2,6 +2,7 @@
 
 require "puma/plugin"
 require "memkit"
+require "memkit/out_of_band"
 
 # `plugin :memkit` in config/puma.rb (cluster mode, with preload_app!): the
 # master runs Memkit.warmup once the app is loaded and before it forks the
@@ -40,7 +41,8 @@ Puma::Plugin.create do
     dsl.out_of_band do
       next if !Memkit.autoload?(:MemoryLimit) && Memkit::MemoryLimit.out_of_band
 
-      Memkit::OobGC.out_of_band unless Memkit.autoload?(:OobGC)
+      # What registered itself (OobGC does when the app builds its middleware).
+      Memkit::OutOfBand.run
     end
   end
 
