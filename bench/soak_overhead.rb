@@ -8,10 +8,8 @@
 #           driver/merge is the cost of the driver's own work
 #   driver  Soak::RackDriver#drive: a fresh env with rack.input and the
 #           callback arrays, body iterated and closed unless an Array,
-#           rack.response_finished / rack.after_reply run; its loop in C
-#           (ext/memkit) when built, as `memkit soak` runs it
-#   ruby    the same driver forced onto its Ruby loop (native: false), what a
-#           machine without a C compiler gets
+#           rack.response_finished / rack.after_reply run, as `memkit soak`
+#           runs it
 #   no-gc   a whole Soak.run with 200 samples and no forced GC (--no-gc)
 #   soak    a whole Soak.run with the defaults: 200 samples, a full GC before
 #           each (what makes the heap figures exact; its cost is per sample,
@@ -51,32 +49,27 @@ end
 
 def median(a) = a.sort[a.size / 2]
 
-HEAD = "%-10s %8s" + " %8s" * 6 + " %8s" * 6
-puts "#{RUBY_DESCRIPTION}; driver loop: #{Memkit::Soak::RackDriver::NATIVE ? 'C (ext/memkit)' : 'Ruby (ext/memkit not built)'}"
-puts format(HEAD, "app", "requests", "bare", "merge", "driver", "ruby", "no-gc", "soak",
-            "driver/", "driver/", "ruby/", "ruby/", "no-gc/", "soak/")
-puts format(HEAD, "", "", *%w[us/req] * 6, "bare", "merge", "bare", "merge", "bare", "bare")
+HEAD = "%-10s %8s" + " %8s" * 5 + " %8s" * 4
+puts RUBY_DESCRIPTION
+puts format(HEAD, "app", "requests", "bare", "merge", "driver", "no-gc", "soak", "driver/", "driver/", "no-gc/", "soak/")
+puts format(HEAD, "", "", *%w[us/req] * 5, "bare", "merge", "bare", "bare")
 apps.each do |name, (path, n)|
   driver = Memkit::Soak::RackDriver.new(path)
-  ruby_driver = Memkit::Soak::RackDriver.new(path, native: false)
   app = driver.app
   base = driver.base_env
   chunk = [n / 10, 1].max
   bare = -> { timed { i = 0; while i < chunk; app.call(base.dup); i += 1; end } }
   merge = -> { timed { i = 0; while i < chunk; app.call(base.merge); i += 1; end } }
   drive = -> { timed { driver.drive(chunk) } }
-  ruby = -> { timed { ruby_driver.drive(chunk) } }
-  [drive, ruby, bare, merge].each(&:call) # warm every path before timing
+  [drive, bare, merge].each(&:call) # warm every path before timing
   times = Hash.new { |h, k| h[k] = [] }
   ratios = Hash.new { |h, k| h[k] = [] }
   chunks.times do |k|
-    order = %i[bare merge driver ruby].rotate(k)
-    t = order.to_h { |name| [name, { bare: bare, merge: merge, driver: drive, ruby: ruby }.fetch(name).call] }
+    order = %i[bare merge driver].rotate(k)
+    t = order.to_h { |name| [name, { bare: bare, merge: merge, driver: drive }.fetch(name).call] }
     t.each { |name, v| times[name] << v / chunk }
     ratios[:bare] << t[:driver] / t[:bare]
     ratios[:merge] << t[:driver] / t[:merge]
-    ratios[:ruby_bare] << t[:ruby] / t[:bare]
-    ratios[:ruby_merge] << t[:ruby] / t[:merge]
   end
   rounds.times do
     times[:nogc] << timed { Memkit::Soak.run(path, requests: n, gc_budget: 0.0, attribute: false) } / n
@@ -84,6 +77,6 @@ apps.each do |name, (path, n)|
   end
   m = times.transform_values { |v| median(v) }
   us = ->(k) { format("%.2f", m[k] * 1e6) }
-  puts format("%-10s %8d" + " %8s" * 6 + " %8.3f" * 6, name, n, *%i[bare merge driver ruby nogc soak].map(&us),
-              *%i[bare merge ruby_bare ruby_merge].map { |k| median(ratios[k]) }, m[:nogc] / m[:bare], m[:soak] / m[:bare])
+  puts format("%-10s %8d" + " %8s" * 5 + " %8.3f" * 4, name, n, *%i[bare merge driver nogc soak].map(&us),
+              *%i[bare merge].map { |k| median(ratios[k]) }, m[:nogc] / m[:bare], m[:soak] / m[:bare])
 end

@@ -7,12 +7,10 @@
 #include <ruby.h>
 
 void memkit_init_fiber_pool(VALUE mNative);
-void memkit_init_rack_driver(VALUE mNative);
 
 void Init_memkit_native(void)
 {
     VALUE mNative = rb_define_module_under(rb_define_module("Memkit"), "Native");
 
     memkit_init_fiber_pool(mNative);
-    memkit_init_rack_driver(mNative);
 }

@@ -17,14 +17,14 @@ class SoakTest < Minitest::Test
   def test_json_for_a_config_ru_has_samples_fit_and_verdict
     Dir.mktmpdir do |dir|
       csv = File.join(dir, "leak.csv")
-      out, err, status = memkit("soak", fixture("leak.ru"), "--requests", "3000", "--sample-every", "30",
-                                "--warmup", "600", "--json", "--csv", csv, "--no-attribute")
+      out, err, status = memkit("soak", fixture("leak.ru"), "--requests", "5000", "--sample-every", "50",
+                                "--warmup", "1000", "--json", "--csv", csv, "--no-attribute")
       assert status.success?, err
       assert_empty err, "no progress bar when stderr is not a terminal"
       r = JSON.parse(out)
-      assert_equal 3000, r["requests"]
+      assert_equal 5000, r["requests"]
       assert_equal 101, r["samples"].size
-      assert_equal (0..3000).step(30).to_a, r["samples"].map { |s| s["requests"] }
+      assert_equal (0..5000).step(50).to_a, r["samples"].map { |s| s["requests"] }
       assert_equal "leak", r["verdict"], r["reason"]
       assert_in_delta 400, r["bytes_per_request"], 100
       assert_equal %w[rss live], r["verdicts"].keys
@@ -38,7 +38,8 @@ class SoakTest < Minitest::Test
   end
 
   def test_text_output_has_the_plot_verdict_and_attribution
-    out, err, status = memkit("soak", fixture("leak_objects.ru"), "--requests", "2000", "--sample-every", "20", "--fail-on-leak")
+    out, err, status = memkit("soak", fixture("leak_objects.ru"), "--requests", "5000", "--sample-every", "50",
+                              "--fail-on-leak")
     assert_equal 3, status.exitstatus, "--fail-on-leak: #{err}"
     assert_match(/^verdict: leak: grows \d+ B\/request/, out)
     assert_match(/^bytes_per_request: \d+/, out)

@@ -10,17 +10,27 @@ module Memkit
     # thousands of requests. In-process there is also "live": Ruby heap slots
     # in use plus malloc'd bytes, read right after a full GC, which rises by
     # exactly what is retained but cannot see fragmentation or a buffer's
-    # unused capacity. Either curve calling leak is a leak; plateau needs
-    # both to be flat.
+    # unused capacity. A leak on live is a leak. A leak on rss alone is one
+    # too, unless live memory was judged flat: then the process kept nothing
+    # it allocated and rss grew by heap pages or allocator arenas, which
+    # level off; that is inconclusive until a longer run shows rss flatten.
+    # A plateau needs both curves flat.
+    #
+    # The soak's own bookkeeping is kept out of the curves (SampleLog), and
+    # what is left of it is measured: baseline holds samples taken with the
+    # app not called, and their growth per sample is taken out of the live
+    # curve before it is judged.
     class Result
       SERIES = %i[rss heap_live_bytes malloc_bytes].freeze
 
       attr_reader :target, :mode, :pid, :requests, :warmup, :sample_every, :samples, :seconds, :gc_seconds,
-                  :min_leak, :malloc_source, :attribution, :http_errors, :verdict, :fits, :metric, :verdicts
+                  :min_leak, :malloc_source, :attribution, :http_errors, :verdict, :fits, :metric, :verdicts,
+                  :baseline
       attr_accessor :label
 
       def initialize(target:, mode:, pid:, requests:, warmup:, sample_every:, samples:, seconds:, min_leak:,
-                     gc_seconds: 0.0, malloc_source: nil, attribution: nil, http_errors: nil, label: nil)
+                     gc_seconds: 0.0, malloc_source: nil, attribution: nil, http_errors: nil, label: nil,
+                     baseline: nil)
         @target = target
         @mode = mode
         @pid = pid
@@ -35,15 +45,33 @@ module Memkit
         @attribution = attribution
         @http_errors = http_errors
         @label = label
+        @baseline = baseline&.map { |b| b.is_a?(Sample) ? b : Sample.new(**b.transform_keys(&:to_sym).slice(*Sample.members)) }
         window = @samples.select { |s| s.requests >= warmup }
         @fits = SERIES.to_h { |key| [key, fit(window, key)] }.compact
         @verdicts = { "rss" => Verdict.judge(window.map(&:requests), window.map(&:rss), min_leak: min_leak) }
         live = window.select { |s| s.gc && s.heap_live_bytes && s.malloc_bytes }
         if live.size >= Verdict::MIN_SAMPLES
-          @verdicts["live"] = Verdict.judge(live.map(&:requests), live.map { |s| s.heap_live_bytes + s.malloc_bytes },
-                                            min_leak: min_leak)
+          index = @samples.each_with_index.to_h { |s, i| [s.requests, i] }
+          @verdicts["live"] = Verdict.judge(live.map(&:requests), live.map do |s|
+            s.heap_live_bytes + s.malloc_bytes - (sampler_bytes_per_sample * index.fetch(s.requests)).round
+          end, min_leak: min_leak)
         end
         @metric, @verdict = combine(@verdicts)
+      end
+
+      # Live bytes the sampler itself adds per sample, measured with the app
+      # not called: the Theil-Sen slope over the baseline's second half (its
+      # first samples warm the sampler's own code up), 0 without a baseline.
+      def sampler_bytes_per_sample
+        @sampler_bytes_per_sample ||= begin
+          steady = Array(@baseline).select { |s| s.heap_live_bytes && s.malloc_bytes }
+          steady = steady.drop(steady.size / 2)
+          if steady.size < 3
+            0.0
+          else
+            Fit.of(steady.each_index.to_a, steady.map { |s| s.heap_live_bytes + s.malloc_bytes }).slope
+          end
+        end
       end
 
       def bytes_per_request = @verdict.full&.slope&.round(1)
@@ -58,9 +86,9 @@ module Memkit
           confidence_interval: confidence, verdict: verdict.verdict, reason: verdict.reason, min_leak: min_leak,
           last_half_bytes_per_request: verdict.tail&.slope&.round(1),
           verdicts: verdicts.transform_values { |v| { verdict: v.verdict, reason: v.reason, fit: v.full&.to_h }.compact },
-          fits: fits.transform_values(&:to_h),
+          fits: fits.transform_values(&:to_h), sampler_bytes_per_sample: @baseline && sampler_bytes_per_sample.round(1),
           malloc_source: malloc_source, http_errors: http_errors,
-          attribution: attribution&.map(&:to_h), samples: samples.map(&:to_h)
+          attribution: attribution&.map(&:to_h), samples: samples.map(&:to_h), baseline: baseline&.map(&:to_h)
         }.compact
       end
 
@@ -74,7 +102,7 @@ module Memkit
         h = h.transform_keys(&:to_sym)
         sites = h[:attribution]&.map { |s| Attribution::Site.new(**s.transform_keys(&:to_sym)) }
         new(**h.slice(:target, :mode, :pid, :requests, :warmup, :sample_every, :samples, :seconds, :min_leak,
-                      :gc_seconds, :malloc_source, :http_errors, :label), attribution: sites)
+                      :gc_seconds, :malloc_source, :http_errors, :label, :baseline), attribution: sites)
       end
 
       private
@@ -84,6 +112,12 @@ module Memkit
       # curve is flat, else the inconclusive one's reason.
       def combine(verdicts)
         leaks = verdicts.select { |_, v| v.verdict == "leak" }
+        if leaks.keys == ["rss"] && verdicts["live"]&.verdict == "plateau"
+          rss = verdicts["rss"]
+          return ["rss", Verdict.new(verdict: "inconclusive", full: rss.full, tail: rss.tail,
+                                     reason: "rss #{rss.reason}, but live memory is flat (#{verdicts['live'].reason}): " \
+                                             "heap pages or malloc arenas growing, which level off; run more requests")]
+        end
         return leaks.min_by { |_, v| (v.full.high - v.full.low) / v.full.slope } if leaks.any?
         return ["rss", verdicts["rss"]] if verdicts.values.all? { |v| v.verdict == "plateau" }
 

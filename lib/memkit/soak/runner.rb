@@ -14,6 +14,7 @@ module Memkit
       # Bytes per request under which growth is not called a leak; below it,
       # page-sized rss steps and malloc bookkeeping look like slow growth.
       DEFAULT_MIN_LEAK = 64
+      BASELINE_SAMPLES = 12
 
       attr_reader :target, :requests, :sample_every, :warmup, :driver
 
@@ -60,8 +61,9 @@ module Memkit
       def run(&on_sample)
         sampler = @url ? TreeSampler.new(@pid) : SelfSampler.new
         @driver = @url ? UrlDriver.new(@target, concurrency: @concurrency) : RackDriver.new(@target, url_path: @path)
+        baseline = @url ? nil : baseline(sampler)
         bar = Progress.new(@progress, total: @requests) if @progress
-        samples = []
+        log = SampleLog.new(@requests.fdiv(@sample_every).ceil + 1)
         started = now
         gc_seconds = 0.0
         last_gc = 0.0
@@ -70,7 +72,7 @@ module Memkit
           gc = false
           unless @url
             elapsed = now - started
-            if samples.empty? || @gc_budget >= 1.0 || gc_seconds + last_gc <= @gc_budget * elapsed
+            if log.size.zero? || @gc_budget >= 1.0 || gc_seconds + last_gc <= @gc_budget * elapsed
               t = now
               GC.start(full_mark: true, immediate_sweep: true)
               last_gc = now - t
@@ -78,9 +80,13 @@ module Memkit
               gc = true
             end
           end
-          samples << sampler.sample(done, now - started, gc: gc)
-          on_sample&.call(samples.last)
-          bar&.update(done, samples.last)
+          sampler.record(log, done, now - started, gc: gc)
+          # The Sample built for a callback is garbage by the next GC.
+          if on_sample || bar
+            sample = log.last
+            on_sample&.call(sample)
+            bar&.update(done, sample)
+          end
         end
         take.call
         while done < @requests
@@ -93,15 +99,28 @@ module Memkit
         bar&.finish
         attribution = Attribution.run(@driver, window: attribution_window) if @attribute
         Result.new(target: @target, mode: @url ? "url" : "rack", pid: sampler.pid, requests: @requests,
-                   warmup: @warmup, sample_every: @sample_every, samples: samples, seconds: seconds,
+                   warmup: @warmup, sample_every: @sample_every, samples: log.to_a, seconds: seconds,
                    gc_seconds: gc_seconds, min_leak: @min_leak, malloc_source: sampler.malloc_source,
-                   attribution: attribution, http_errors: @url ? @driver.errors : nil)
+                   attribution: attribution, http_errors: @url ? @driver.errors : nil, baseline: baseline)
       ensure
         bar&.finish
         @driver&.close
       end
 
       private
+
+      # The sampler measured with the app not called: BASELINE_SAMPLES samples
+      # in a row, each after a full GC. Its growth per sample is what the
+      # soak's own bookkeeping would add to the curve; Result reports it and
+      # takes it out of the live fit.
+      def baseline(sampler)
+        log = SampleLog.new(BASELINE_SAMPLES)
+        BASELINE_SAMPLES.times do |i|
+          GC.start(full_mark: true, immediate_sweep: true)
+          sampler.record(log, 0, i.to_f, gc: true)
+        end
+        log.to_a
+      end
 
       def attribution_window = (@requests / 10).clamp([@sample_every, 100].min, 2_000)
 

@@ -10,7 +10,9 @@ module Memkit
     end
 
     # Reads this process's memory: rss from statm, the Ruby heap from
-    # GC.stat, and malloc'd bytes from MallocStats.
+    # GC.stat, and malloc'd bytes from MallocStats. #record writes one sample
+    # into a SampleLog and keeps nothing itself, so sampling adds no live
+    # memory of its own to the curve it measures.
     class SelfSampler
       attr_reader :malloc_source
 
@@ -22,22 +24,24 @@ module Memkit
         # taken as RVALUE_SIZE (40 bytes on 64-bit), exact before 3.2.
         @pools = GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
         @slot = GC::INTERNAL_CONSTANTS[:RVALUE_SIZE] || 40
+        @pool_slots = @pools ? GC.stat_heap.to_h { |i, h| [i, h.fetch(:slot_size)] } : {}
       end
 
-      def sample(requests, seconds, gc:)
-        Sample.new(requests: requests, seconds: seconds.round(3), rss: Memkit.rss, heap_live_slots: GC.stat(:heap_live_slots),
-                   heap_live_bytes: heap_live_bytes, malloc_bytes: @malloc.bytes, gc: gc)
+      def record(log, requests, seconds, gc:)
+        log.record(requests, seconds, Memkit.rss, GC.stat(:heap_live_slots), heap_live_bytes, @malloc.bytes, gc)
       end
 
       def pid = Process.pid
 
       private
 
+      # GC.stat_heap(pool, key) answers one Integer; the whole-table form
+      # would build Hashes at every sample.
       def heap_live_bytes
         return GC.stat(:heap_live_slots) * @slot unless @pools
 
-        GC.stat_heap.sum do |_, h|
-          (h.fetch(:total_allocated_objects, 0) - h.fetch(:total_freed_objects, 0)) * h.fetch(:slot_size, @slot)
+        @pool_slots.sum do |i, size|
+          (GC.stat_heap(i, :total_allocated_objects) - GC.stat_heap(i, :total_freed_objects)) * size
         end
       end
     end
@@ -54,8 +58,8 @@ module Memkit
 
       def malloc_source = nil
 
-      def sample(requests, seconds, gc: false)
-        Sample.new(requests: requests, seconds: seconds.round(3), rss: tree_rss, gc: gc)
+      def record(log, requests, seconds, gc: false)
+        log.record(requests, seconds, tree_rss, nil, nil, nil, gc)
       end
 
       private

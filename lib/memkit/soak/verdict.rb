@@ -4,19 +4,23 @@ module Memkit
   module Soak
     # leak, plateau or inconclusive, with the reason in one sentence.
     #
-    # A leak must show on three counts at once: the whole window's slope is
-    # above min_leak even at the low end of its interval, the last half of
-    # the window still grows (a cache that is still filling slows down; a
-    # leak does not), and the growth over the window is several times the
-    # scatter around the line (Sen's interval assumes independent errors,
-    # which step-shaped memory curves are not). A plateau needs the last
-    # half's whole interval below min_leak. Anything else is inconclusive
-    # and the reason says what to change.
+    # A leak must show on four counts at once: the window after warm-up spans
+    # at least MIN_SPAN requests in MIN_SAMPLES samples (over a shorter one, a
+    # cache that is still filling grows as straight a line as a leak does:
+    # nothing in the curve tells them apart); the whole window's slope is
+    # above min_leak even at the low end of its interval, which Fit widens
+    # for samples that depend on each other; the last half of the window
+    # still grows (a cache that is still filling slows down; a leak does
+    # not); and the growth over the window is several times the scatter
+    # around the line. A plateau needs the last half's whole interval below
+    # min_leak. Anything else is inconclusive, and the reason says what to
+    # change.
     Verdict = Struct.new(:verdict, :reason, :full, :tail, keyword_init: true) do
       def self.judge(xs, ys, min_leak:)
         if xs.size < Verdict::MIN_SAMPLES
           return new(verdict: "inconclusive",
-                     reason: "only #{xs.size} samples after warm-up (need #{Verdict::MIN_SAMPLES}): raise --requests or lower --sample-every")
+                     reason: "only #{xs.size} samples after warm-up (need #{Verdict::MIN_SAMPLES}): " \
+                             "run more requests or sample more often")
         end
 
         full = Fit.of(xs, ys)
@@ -25,20 +29,26 @@ module Memkit
         span = xs.last - xs.first
         growth = full.slope * span
         noisy = growth < Verdict::NOISE_FACTOR * full.noise
+        short = span < Verdict::MIN_SPAN
         b = ->(v) { "#{v.round} B/request" }
         ci = ->(f) { "95% CI #{f.low.round}..#{f.high.round}" }
+        limit = "under the #{min_leak.round} B/request leak threshold"
         verdict, reason =
-          if full.low > min_leak && tail.low > min_leak && !noisy
+          if full.low > min_leak && tail.low > min_leak && !noisy && short
+            ["inconclusive", "grows #{b[full.slope]} (#{ci[full]}) over #{span} requests after warm-up, too few to " \
+                             "tell a leak from a cache still filling (a leak verdict needs #{Verdict::MIN_SPAN}): " \
+                             "run more requests"]
+          elsif full.low > min_leak && tail.low > min_leak && !noisy
             ["leak", "grows #{b[full.slope]} (#{ci[full]}), +#{Units.human(growth.round)} over #{span} requests, " \
                      "and still #{b[tail.slope]} in the last half"]
           elsif tail.high < min_leak && full.low > min_leak
             ["plateau", "grew #{b[full.slope]} early on but the last #{xs.last - xs[half]} requests are flat " \
-                        "(#{b[tail.slope]}, #{ci[tail]}, under --min-leak #{min_leak})"]
+                        "(#{b[tail.slope]}, #{ci[tail]}, #{limit})"]
           elsif tail.high < min_leak
             ["plateau", "flat: the last #{xs.last - xs[half]} requests grow #{b[tail.slope]} (#{ci[tail]}), " \
-                        "under --min-leak #{min_leak}; the whole window #{b[full.slope]}"]
+                        "#{limit}; the whole window #{b[full.slope]}"]
           elsif full.high < min_leak && tail.low <= min_leak
-            ["plateau", "flat: #{b[full.slope]} (#{ci[full]}) is under --min-leak #{min_leak}"]
+            ["plateau", "flat: #{b[full.slope]} (#{ci[full]}) is #{limit}"]
           elsif full.low > min_leak && tail.low <= min_leak
             ["inconclusive", "grows #{b[full.slope]} overall but the last half is not clearly growing " \
                              "(#{b[tail.slope]}, #{ci[tail]}): " \
@@ -47,8 +57,8 @@ module Memkit
             ["inconclusive", "growth of #{Units.human(growth.round)} is within #{Verdict::NOISE_FACTOR}x the noise " \
                              "(#{Units.human(full.noise.round)}): run more requests"]
           else
-            ["inconclusive", "#{b[full.slope]} (#{ci[full]}) straddles --min-leak #{min_leak}: " \
-                             "noise #{Units.human(full.noise.round)}; run more requests"]
+            ["inconclusive", "#{b[full.slope]} (#{ci[full]}) straddles the #{min_leak.round} B/request leak " \
+                             "threshold: noise #{Units.human(full.noise.round)}; run more requests"]
           end
         new(verdict: verdict, reason: reason, full: full, tail: tail)
       end
@@ -56,6 +66,12 @@ module Memkit
 
     class Verdict
       MIN_SAMPLES = 8
+      # Requests after warm-up below which growth is never called a leak. A
+      # cache of N entries grows in a straight line for its first N misses;
+      # 4,000 covers the caches of a typical app's first minutes (templates,
+      # routes, i18n, statement caches), and the default 20,000-request soak
+      # has 16,000 after warm-up.
+      MIN_SPAN = 4_000
       NOISE_FACTOR = 3
     end
   end

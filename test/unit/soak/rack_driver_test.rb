@@ -5,10 +5,9 @@ require "test_helper"
 # RackDriver shares one template env between requests for speed; what each
 # request sees must still be what a server gives it: empty callback arrays,
 # an empty input, no keys left by the previous request, its own callbacks run
-# once, and non-Array bodies iterated and closed. Every test runs on the Ruby
-# loop and, when ext/memkit is built, on the C one.
+# once, and non-Array bodies iterated and closed.
 module SoakRackDriverTests
-  def driver(path) = Memkit::Soak::RackDriver.new(path, native: native?)
+  def driver(path) = Memkit::Soak::RackDriver.new(path)
 
   def test_each_request_gets_a_fresh_rack_env
     driver(File.join(Memkit::TestHelpers::ROOT, "test/fixtures/soak/rack_contract.ru")).drive(10)
@@ -69,48 +68,18 @@ module SoakRackDriverTests
   end
 end
 
-class SoakRackDriverRubyTest < Minitest::Test
+class SoakRackDriverTest < Minitest::Test
   include SoakRackDriverTests
 
-  def native? = false
-end
-
-class SoakRackDriverNativeTest < Minitest::Test
-  include SoakRackDriverTests
-
-  def native? = true
-
-  def setup
-    skip "ext/memkit is not built for this Ruby (rake compile)" unless Memkit::Soak::RackDriver::NATIVE
-  end
-end
-
-class SoakRackDriverCoreTest < Minitest::Test
-  def test_the_c_loop_is_the_default_when_built
-    built = Dir[File.join(Memkit::TestHelpers::ROOT, "lib/memkit", RbConfig::CONFIG["ruby_version"], "memkit_native.*")]
-    skip "ext/memkit is not built for this Ruby (rake compile)" if built.empty?
-
-    assert Memkit::Soak::RackDriver::NATIVE
-    assert Memkit::Native.respond_to?(:soak_next)
-  end
-
-  def test_without_the_extension_the_ruby_loop_is_used
+  def test_a_directory_is_named_as_one
     Dir.mktmpdir do |dir|
-      FileUtils.cp_r(File.join(Memkit::TestHelpers::ROOT, "lib"), dir)
-      Dir[File.join(dir, "lib/memkit/*/memkit_native.*")].each { |f| File.delete(f) }
-      hello = File.join(Memkit::TestHelpers::ROOT, "bench/soak/hello.ru")
-      script = "require 'memkit'; d = Memkit::Soak::RackDriver.new(#{hello.dump}); " \
-               "p [Memkit::Native::LOADED, Memkit::Soak::RackDriver::NATIVE, d.drive(100)]"
-      out, status = Open3.capture2e({ "RUBYOPT" => nil, "RUBYLIB" => nil }, RbConfig.ruby, "-I", File.join(dir, "lib"), "-e", script)
-      assert status.success?, out
-      assert_equal "[false, false, 100]\n", out
+      error = assert_raises(Memkit::InvalidArgument) { Memkit::Soak::RackDriver.new(dir) }
+      assert_equal "#{dir} is a directory, not a config.ru", error.message
+      File.write(File.join(dir, "config.ru"), "run ->(_env) { [200, {}, []] }\n")
+      error = assert_raises(Memkit::InvalidArgument) { Memkit::Soak::RackDriver.new(dir) }
+      assert_equal "#{dir} is a directory, not a config.ru: soak #{dir}/config.ru", error.message
+      error = assert_raises(Memkit::InvalidArgument) { Memkit::Soak::RackDriver.new(File.join(dir, "nope.ru")) }
+      assert_equal "no such file: #{dir}/nope.ru", error.message
     end
-  end
-
-  def test_native_true_without_the_extension_is_an_argument_error
-    skip "ext/memkit is built here" if Memkit::Soak::RackDriver::NATIVE
-
-    error = assert_raises(Memkit::InvalidArgument) { Memkit::Soak::RackDriver.new(File.join(Memkit::TestHelpers::ROOT, "bench/soak/hello.ru"), native: true) }
-    assert_match(/ext\/memkit is not built/, error.message)
   end
 end
