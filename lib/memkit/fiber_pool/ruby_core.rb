@@ -89,7 +89,10 @@ module Memkit
 
       def spawn
         owner!(@thread)
-        raise Exhausted, "FiberPool: all #{@max} fibers are busy (max: #{@max}): that many jobs are nested or suspended" if @live >= @max
+        if @live >= @max
+          raise Exhausted,
+                "FiberPool: all #{@max} fibers are busy (max: #{@max}): that many jobs are nested or suspended"
+        end
 
         fiber = nil
         fiber = ::Fiber.new do |job|
