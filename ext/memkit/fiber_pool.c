@@ -29,7 +29,7 @@ typedef struct {
 } pool_t;
 
 static VALUE eError, eExhausted, eInvalidArgument, eFiberError, cQueue, cFiber;
-static ID id_new, id_keys, id_storage, id_aset, id_push, id_pop, id_raise, id_blocking_p, id_max_idle, id_max;
+static ID id_new, id_keys, id_storage, id_aset, id_push, id_pop, id_raise, id_blocking_p;
 static int storage_p; /* FiberPool::STORAGE: Fiber[] and Fiber#storage exist (Ruby 3.2+) */
 
 /* rb_gc_mark pins what it marks: the struct's VALUEs never move under GC.compact. */
@@ -63,12 +63,12 @@ static pool_t *get_pool(VALUE self)
     return RTYPEDDATA_DATA(self);
 }
 
-/* Called by FiberPool#initialize once the options are checked. */
-static VALUE pool_setup(VALUE self)
+/* setup(max_idle, max): called by FiberPool#initialize once the options are checked. */
+static VALUE pool_setup(VALUE self, VALUE max_idle, VALUE max)
 {
     pool_t *p = get_pool(self);
-    p->max_idle = NUM2LONG(rb_ivar_get(self, id_max_idle));
-    p->max = NUM2LONG(rb_ivar_get(self, id_max));
+    p->max_idle = NUM2LONG(max_idle);
+    p->max = NUM2LONG(max);
     p->keep_hot = p->max_idle > 0;
     p->thread = rb_thread_current();
     p->hot = Qnil;
@@ -352,15 +352,13 @@ static VALUE define_fiber_pool_core(VALUE mNative, VALUE cPool)
     id_pop = rb_intern("pop");
     id_raise = rb_intern("raise");
     id_blocking_p = rb_intern("blocking?");
-    id_max_idle = rb_intern("@max_idle");
-    id_max = rb_intern("@max");
 
     rb_define_alloc_func(cCore, pool_alloc);
     rb_define_method(cCore, "run", pool_run, -1);
     rb_define_method(cCore, "size", pool_size, 0);
     rb_define_method(cCore, "idle", pool_idle, 0);
     rb_define_method(cCore, "after_fork", pool_after_fork, 0);
-    rb_define_private_method(cCore, "setup", pool_setup, 0);
+    rb_define_private_method(cCore, "setup", pool_setup, 2);
     return cCore;
 }
 

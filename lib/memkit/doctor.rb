@@ -25,7 +25,8 @@ module Memkit
 
     # Variables copied from the target into the probe: the ones that change
     # how Ruby and malloc lay out memory.
-    PROBE_ENV = /\A(RUBY_(GC|FIBER|THREAD|SHARED_FIBER)_|MALLOC_|GLIBC_TUNABLES\z|LD_PRELOAD\z|LD_LIBRARY_PATH\z|RUBY_YJIT_ENABLE\z)/
+    PROBE_ENV = /\A(RUBY_(GC|FIBER|THREAD|SHARED_FIBER)_|MALLOC_|
+                  GLIBC_TUNABLES\z|LD_PRELOAD\z|LD_LIBRARY_PATH\z|RUBY_YJIT_ENABLE\z)/x
 
     attr_reader :pid
 
@@ -176,9 +177,9 @@ module Memkit
                  "no Process.warmup (Ruby 3.3+): call Memkit.warmup in the master before forking workers"
                end
       list << check("ruby", probe[:description], :ok, advice)
-      list << check("gc.features", f, :ok,
-                    "#{f[:size_pools] ? "#{f[:size_pools]} heap size pools" : 'one heap slot size'}; " \
-                    "GC.compact #{f[:gc_compact] ? 'available (compact before fork to pack the shared heap)' : 'unavailable'}")
+      compact = f[:gc_compact] ? "available (compact before fork to pack the shared heap)" : "unavailable"
+      pools = f[:size_pools] ? "#{f[:size_pools]} heap size pools" : "one heap slot size"
+      list << check("gc.features", f, :ok, "#{pools}; GC.compact #{compact}")
       list << young_objects_after_fork(probe[:age])
       list << fiber_stack_size(probe[:fiber])
       list << fiber_stack_release(probe[:fiber])
@@ -265,7 +266,9 @@ module Memkit
 
     def malloc_arena_max
       env = environ_or_nil
-      return check("MALLOC_ARENA_MAX", nil, :warn, "cannot read /proc/#{@pid}/environ (run as the same user or root)") unless env
+      unless env
+        return check("MALLOC_ARENA_MAX", nil, :warn, "cannot read /proc/#{@pid}/environ (run as the same user or root)")
+      end
 
       value = env["MALLOC_ARENA_MAX"]
       # For this process, its Ruby threads: the kernel's count also has the
@@ -331,7 +334,8 @@ module Memkit
               "strict accounting (ratio #{ratio}%): every fork commits the master's whole private memory even " \
               "though copy-on-write shares it, so forking workers can fail with ENOMEM")
       when 1
-        check("vm.overcommit_memory", mode, :ok, "always overcommit: forks never fail for commit charge; the OOM killer decides")
+        check("vm.overcommit_memory", mode, :ok,
+              "always overcommit: forks never fail for commit charge; the OOM killer decides")
       else
         check("vm.overcommit_memory", mode, :ok, "heuristic overcommit (the default): forking a large master is fine")
       end
@@ -342,7 +346,8 @@ module Memkit
       total = meminfo.fetch("SwapTotal", 0)
       process = Status.read(target).vm_swap
       swappiness = read_sys("/proc/sys/vm/swappiness").to_i
-      value = { "total" => total, "free" => meminfo.fetch("SwapFree", 0), "process" => process, "swappiness" => swappiness }
+      value = { "total" => total, "free" => meminfo.fetch("SwapFree", 0), "process" => process,
+                "swappiness" => swappiness }
       if total.zero?
         check("swap", value, :ok, "no swap: when memory runs out the OOM killer ends a process instead of slowing it")
       elsif process.positive?
@@ -410,7 +415,9 @@ module Memkit
       limits = ProcFS.read(target, "limits")
       line = limits.lines.find { |l| l.start_with?("Max address space") } or return nil
       soft = line.split[3]
-      return check("rlimit.address_space", "unlimited", :ok, "no RLIMIT_AS: fiber stacks only cost address space") if soft == "unlimited"
+      if soft == "unlimited"
+        return check("rlimit.address_space", "unlimited", :ok, "no RLIMIT_AS: fiber stacks only cost address space")
+      end
 
       limit = soft.to_i
       size = Status.read(target).vm_size

@@ -78,7 +78,7 @@ module Memkit
       @max = integer_option(:max, max, min: 1)
       raise InvalidArgument, "FiberPool max_idle (#{max_idle}) must not exceed max (#{max})" if @max_idle > @max
 
-      setup
+      setup(@max_idle, @max)
       POOLS[self] = self
     end
 

@@ -85,7 +85,8 @@ module Memkit
     # {kind => Group}, every kind present (empty groups have count 0).
     def groups
       @groups ||= begin
-        groups = KINDS.keys.to_h { |k| [k, Group.new(kind: k, count: 0, size: 0, rss: 0, pss: 0, private_dirty: 0, swap: 0)] }
+        empty = { count: 0, size: 0, rss: 0, pss: 0, private_dirty: 0, swap: 0 }
+        groups = KINDS.keys.to_h { |k| [k, Group.new(kind: k, **empty)] }
         mappings.each_with_index { |m, i| groups[kind_of(m, i.zero? ? nil : mappings[i - 1])].add(m) }
         groups
       end
@@ -114,7 +115,10 @@ module Memkit
                   below.size <= MAX_GUARD
         return guarded ? :stacks : :anonymous
       end
-      return :shared_memory if path.start_with?("/dev/zero", "/SYSV", "/memfd:", "[anon_shmem") || path.include?("(deleted)") && mapping.perms[3] == "s"
+      if path.start_with?("/dev/zero", "/SYSV", "/memfd:", "[anon_shmem") ||
+         (path.include?("(deleted)") && mapping.perms[3] == "s")
+        return :shared_memory
+      end
       return :libraries if path == @exe || path.match?(/\.so(\.[\d.]+)?(\s|\z)/)
 
       :files

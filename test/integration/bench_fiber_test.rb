@@ -36,14 +36,14 @@ class BenchFiberTest < Minitest::Test
   end
 
   def test_core_option_picks_the_pools_core
-    out, err, status = memkit("bench", "fiber", "--rounds", "1", "--jobs", "500", "--fibers", "50", "--core", "ruby", "--json")
+    out, err, status = memkit(*%w[bench fiber --rounds 1 --jobs 500 --fibers 50 --core ruby --json])
     assert status.success?, err
     assert_equal "ruby", JSON.parse(out)["pool_core"]
     _out, err, status = Open3.capture3({ "MEMKIT_NATIVE" => "0" }, RbConfig.ruby, Memkit::TestHelpers::EXE,
                                        "bench", "fiber", "--core", "c", "--rounds", "1")
     assert_equal 2, status.exitstatus
-    assert_equal ["memkit: --core c: ext/memkit is not built for this Ruby, or MEMKIT_NATIVE=0 is set (see memkit bench --help)\n"],
-                 err.lines
+    assert_equal ["memkit: --core c: ext/memkit is not built for this Ruby, or MEMKIT_NATIVE=0 is set " \
+                  "(see memkit bench --help)\n"], err.lines
   end
 
   def test_the_library_raises_its_own_errors_naming_keywords

@@ -93,7 +93,9 @@ class DoctorTest < Minitest::Test
     env = { "MALLOC_ARENA_MAX" => "3", "RUBY_GC_HEAP_GROWTH_FACTOR" => "1.25" }
     limit = 64 * 1024**3
     pid = spawn(env, RbConfig.ruby, "-e", "Thread.new { sleep }; sleep", rlimit_as: limit)
-    wait_until(message: "child ruby to start its second thread") { File.read("/proc/#{pid}/status")[/^Threads:\s+(\d+)/, 1].to_i >= 2 }
+    wait_until(message: "child ruby to start its second thread") do
+      File.read("/proc/#{pid}/status")[/^Threads:\s+(\d+)/, 1].to_i >= 2
+    end
     d = Memkit::Doctor.new(pid: pid)
     assert_equal "3", d["MALLOC_ARENA_MAX"].value
     assert_equal({ "RUBY_GC_HEAP_GROWTH_FACTOR" => "1.25" }, d["gc.env"].value)
@@ -167,7 +169,8 @@ class DoctorTest < Minitest::Test
     assert_includes names, "vm.max_map_count"
     assert_includes names, "transparent_hugepage"
     json["checks"].each { |c| assert_equal %w[advice name status value], c.keys.sort }
-    assert_equal File.read("/proc/sys/vm/max_map_count").to_i, json["checks"].find { |c| c["name"] == "vm.max_map_count" }["value"]
+    max_map_count = json["checks"].find { |c| c["name"] == "vm.max_map_count" }
+    assert_equal File.read("/proc/sys/vm/max_map_count").to_i, max_map_count["value"]
     assert_equal(json["checks"].any? { |c| c["status"] == "fail" } ? 1 : 0, status.exitstatus)
 
     out, _err, _status = memkit("doctor", Process.pid, "--no-probe")
@@ -229,7 +232,7 @@ class DoctorTest < Minitest::Test
       assert_equal threads, Thread.list.size, "the runner starts no threads"
       pids = File.read(File.join(dir, "pids")).split.map(&:to_i)
       assert_equal 2, pids.size
-      wait_until(timeout: 5, message: "the probe's fork child to be reaped by init") { pids.none? { |pid| alive?(pid) } }
+      wait_until(timeout: 5, message: "the probe and its fork child to be gone") { pids.none? { |pid| alive?(pid) } }
     end
   end
 
@@ -254,14 +257,15 @@ class DoctorTest < Minitest::Test
   def test_the_probe_file_is_plain_ruby_that_does_nothing_when_required
     _out, err, status = Open3.capture3(RbConfig.ruby, "-c", Memkit::Doctor::ProbeRunner::SCRIPT)
     assert status.success?, err
-    out, err, status = Open3.capture3(RbConfig.ruby, "-e", "require #{Memkit::Doctor::ProbeRunner::SCRIPT.dump}; print :quiet")
+    script = "require #{Memkit::Doctor::ProbeRunner::SCRIPT.dump}; print :quiet"
+    out, err, status = Open3.capture3(RbConfig.ruby, "-e", script)
     assert status.success?, err
     assert_equal "quiet", out
   end
 
   def test_without_a_pid_memkit_does_not_count_its_probes_threads
-    out, err, status = Open3.capture3({ "MALLOC_ARENA_MAX" => nil }, RbConfig.ruby, "-I", File.join(Memkit::TestHelpers::ROOT, "lib"),
-                                      File.join(Memkit::TestHelpers::ROOT, "exe/memkit"), "doctor", "--json")
+    out, err, status = Open3.capture3({ "MALLOC_ARENA_MAX" => nil }, RbConfig.ruby, Memkit::TestHelpers::EXE,
+                                      "doctor", "--json")
     assert_includes [0, 1], status.exitstatus, err
     check = JSON.parse(out).fetch("checks").find { |c| c["name"] == "MALLOC_ARENA_MAX" }
     refute_equal "warn", check.fetch("status"), check.fetch("advice")

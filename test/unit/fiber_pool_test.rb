@@ -64,7 +64,9 @@ module FiberPoolContract
           @sleeping.delete(fiber)
           fiber.resume if fiber.alive?
         end
-        raise "TinyScheduler: every fiber is blocked forever" if due.empty? && @ready.empty? && @sleeping.empty? && !@blocked.empty? && @blocked.values.all?(Float::INFINITY)
+        stuck = due.empty? && @ready.empty? && @sleeping.empty? && !@blocked.empty? &&
+                @blocked.values.all?(Float::INFINITY)
+        raise "TinyScheduler: every fiber is blocked forever" if stuck
 
         Kernel.sleep(0.001) if @ready.empty?
       end
@@ -364,7 +366,9 @@ end
 
 # Which core Memkit::FiberPool.new picks, once.
 class FiberPoolCoreTest < Minitest::Test
-  def built? = !Dir[File.join(Memkit::TestHelpers::ROOT, "lib/memkit", RbConfig::CONFIG["ruby_version"], "memkit_native.*")].empty?
+  def built?
+    !Dir[File.join(Memkit::TestHelpers::ROOT, "lib/memkit", RbConfig::CONFIG["ruby_version"], "memkit_native.*")].empty?
+  end
 
   def test_the_c_core_is_picked_when_built
     skip "ext/memkit is not built for this Ruby (rake compile)" unless built?
@@ -376,9 +380,10 @@ class FiberPoolCoreTest < Minitest::Test
 
   def core_in_child(lib, env = {})
     script = 'require "memkit"; pool = Memkit::FiberPool.new; ' \
-             'p [Memkit::FiberPool::CORE, pool.class, defined?(Memkit::FiberPool::NativeCore), pool.run(2) { |x| x * 21 }]'
-    out, status = Open3.capture2e({ "RUBYOPT" => nil, "RUBYLIB" => nil, "MEMKIT_NATIVE" => nil }.merge(env), RbConfig.ruby, "--disable-gems",
-                                  "-I", lib, "-e", script)
+             "p [Memkit::FiberPool::CORE, pool.class, defined?(Memkit::FiberPool::NativeCore), " \
+             "pool.run(2) { |x| x * 21 }]"
+    clean = { "RUBYOPT" => nil, "RUBYLIB" => nil, "MEMKIT_NATIVE" => nil }
+    out, status = Open3.capture2e(clean.merge(env), RbConfig.ruby, "--disable-gems", "-I", lib, "-e", script)
     assert status.success?, out
     out
   end
@@ -389,14 +394,16 @@ class FiberPoolCoreTest < Minitest::Test
     assert_equal expected, core_in_child(lib, "MEMKIT_NATIVE" => "0")
     return unless built?
 
-    assert_equal "[Memkit::FiberPool::NativeCore, Memkit::FiberPool::NativeCore, \"constant\", 42]\n", core_in_child(lib)
+    native = "[Memkit::FiberPool::NativeCore, Memkit::FiberPool::NativeCore, \"constant\", 42]\n"
+    assert_equal native, core_in_child(lib)
   end
 
   def test_without_the_c_core_memkit_falls_back_to_the_ruby_core
     Dir.mktmpdir do |dir|
       FileUtils.cp_r(File.join(Memkit::TestHelpers::ROOT, "lib"), dir)
       Dir[File.join(dir, "lib/memkit/*/memkit_native.*")].each { |f| File.delete(f) }
-      assert_equal "[Memkit::FiberPool::RubyCore, Memkit::FiberPool::RubyCore, nil, 42]\n", core_in_child(File.join(dir, "lib"))
+      ruby = "[Memkit::FiberPool::RubyCore, Memkit::FiberPool::RubyCore, nil, 42]\n"
+      assert_equal ruby, core_in_child(File.join(dir, "lib"))
     end
   end
 end

@@ -5,6 +5,7 @@ require "memkit/libc"
 
 class LibcTest < Minitest::Test
   Libc = Memkit::Libc
+  LIB = File.expand_path("../../lib", __dir__)
 
   def glibc?
     File.read("/proc/self/maps").match?(%r{/libc[.-]}) && !File.read("/proc/self/maps").include?("musl")
@@ -17,7 +18,8 @@ class LibcTest < Minitest::Test
   end
 
   def test_glibc_on_x86_64_has_both
-    skip "needs glibc on x86-64 (this is #{RbConfig::CONFIG['host_cpu']})" unless glibc? && RbConfig::CONFIG["host_cpu"] == "x86_64"
+    cpu = RbConfig::CONFIG["host_cpu"]
+    skip "needs glibc on x86-64 (this is #{cpu})" unless glibc? && cpu == "x86_64"
 
     assert Libc.malloc_trim?
     assert Libc.mallinfo2?
@@ -66,13 +68,17 @@ class LibcTest < Minitest::Test
     script = <<~'RUBY'
       module Kernel
         alias_method :memkit_require, :require
-        def require(name) = name == "fiddle" ? raise(LoadError, "cannot load such file -- fiddle") : memkit_require(name)
+        def require(name)
+          raise LoadError, "cannot load such file -- fiddle" if name == "fiddle"
+
+          memkit_require(name)
+        end
       end
       require "memkit/libc"
       l = Memkit::Libc
       p [l.malloc_trim?, l.malloc_trim, l.mallinfo2?, l.mallinfo2, l.jemalloc?, l.program_break]
     RUBY
-    out, err, status = Open3.capture3(RbConfig.ruby, "-I", File.expand_path("../../lib", __dir__), "-e", script)
+    out, err, status = Open3.capture3(RbConfig.ruby, "-I", LIB, "-e", script)
     assert status.success?, err
     assert_equal "[false, nil, false, nil, false, nil]\n", out
   end
@@ -81,8 +87,8 @@ class LibcTest < Minitest::Test
     lib = Dir["/usr/lib/*/libjemalloc.so.2"].first
     skip "needs libjemalloc2 (apt-get install libjemalloc2)" unless lib
 
-    out, err, status = Open3.capture3({ "LD_PRELOAD" => lib }, RbConfig.ruby, "-I", File.expand_path("../../lib", __dir__),
-                                      "-rmemkit/libc", "-e", "p Memkit::Libc.jemalloc_allocated.class")
+    out, err, status = Open3.capture3({ "LD_PRELOAD" => lib }, RbConfig.ruby, "-I", LIB, "-rmemkit/libc",
+                                      "-e", "p Memkit::Libc.jemalloc_allocated.class")
     assert status.success?, err
     assert_equal "Integer\n", out
   end

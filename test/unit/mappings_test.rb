@@ -59,7 +59,9 @@ class MappingsTest < Minitest::Test
   # with MADV_GUARD_INSTALL are single rw-p mappings flagged "gu", side by
   # side with no PROT_NONE mapping between them; an arena is not flagged.
   def test_a_mapping_with_a_guard_region_is_a_stack
-    field = ->(kb, flags) { "Size: #{kb} kB\nRss: 8 kB\nPss: 8 kB\nPrivate_Dirty: 8 kB\nSwap: 0 kB\nVmFlags: #{flags} \n" }
+    field = lambda do |kb, flags|
+      "Size: #{kb} kB\nRss: 8 kB\nPss: 8 kB\nPrivate_Dirty: 8 kB\nSwap: 0 kB\nVmFlags: #{flags} \n"
+    end
     text = [
       "7f8c2c000000-7f8c2c021000 rw-p 00000000 00:00 0 \n", field.(132, "rd wr mr mw me ac"),
       "7f8c30949000-7f8c30a4a000 rw-p 00000000 00:00 0 \n", field.(1028, "rd wr mr mw me gu ac nh"),

@@ -26,12 +26,15 @@ module Memkit
         def call(argv)
           opts = {}
           parse(argv, "[--rounds N] [--jobs N] [--fibers N] [--core c|ruby] [--json]") do |o|
-            o.on("--rounds N", Integer, "interleaved rounds, the median is reported (default 7)") { |n| opts[:rounds] = n }
+            o.on("--rounds N", Integer, "interleaved rounds, the median is reported (default 7)") do |n|
+              opts[:rounds] = n
+            end
             o.on("--jobs N", Integer, "jobs (or switches, or fibers) per shape per round (default 200000)") do |n|
               opts[:jobs] = n
             end
             o.on("--fibers N", Integer, "live fibers for the count shape (default 10000)") { |n| opts[:fibers] = n }
-            o.on("--core NAME", %w[c ruby], "FiberPool core for the pool shape: c or ruby (default: as FiberPool.new)") do |c|
+            o.on("--core NAME", %w[c ruby],
+                 "FiberPool core of the pool shape: c or ruby (default: as FiberPool.new)") do |c|
               opts[:core] = c
             end
             json_option(o)
@@ -62,8 +65,8 @@ module Memkit
           out.puts format("pool/new %.2fx   bare/new %.2fx   pool/bare %.2fx",
                           r[:ratios][:pool_vs_new], r[:ratios][:bare_vs_new], r[:ratios][:pool_vs_bare])
           c = r[:count]
-          out.puts format("count: %d live fibers at %d/s: %s RSS and %s address space per fiber, %.2f mappings per fiber",
-                          c[:fibers], c[:per_second], human(c[:rss_per_fiber]),
+          out.puts format("count: %d live fibers at %d/s: %s RSS and %s address space per fiber, " \
+                          "%.2f mappings per fiber", c[:fibers], c[:per_second], human(c[:rss_per_fiber]),
                           human(c[:address_space_per_fiber]), c[:mappings_per_fiber])
           limit = File.read("/proc/sys/vm/max_map_count").to_i
           return unless c[:mappings_per_fiber].positive?

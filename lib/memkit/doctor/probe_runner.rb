@@ -31,7 +31,9 @@ module Memkit
 
       def call
         out, err, status = capture
-        return { skipped: "the probe did not finish within #{@timeout}s and was stopped", timed_out: true } unless status
+        unless status
+          return { skipped: "the probe did not finish within #{@timeout}s and was stopped", timed_out: true }
+        end
         return { skipped: "the probe failed: #{err.lines.last.to_s.strip}" } unless status.success?
 
         JSON.parse(out, symbolize_names: true)

@@ -66,14 +66,14 @@ module Memkit
 
       private
 
-      def setup
+      def setup(max_idle, _max)
         @thread = Thread.current
         @hot = nil # the most recently parked fiber, kept out of @idle: cheaper
         @idle = []
         @live = 0
         @args = @storage = nil
         @done = @failed = false
-        @keep_hot = @max_idle.positive?
+        @keep_hot = max_idle.positive?
         @waiting = nil # {fiber => Thread::Queue} for callers waiting under a scheduler
       end
 
@@ -89,7 +89,10 @@ module Memkit
 
       def spawn
         owner!(@thread)
-        raise Exhausted, "FiberPool: all #{@max} fibers are busy (max: #{@max}): that many jobs are nested or suspended" if @live >= @max
+        if @live >= @max
+          raise Exhausted,
+                "FiberPool: all #{@max} fibers are busy (max: #{@max}): that many jobs are nested or suspended"
+        end
 
         fiber = nil
         fiber = ::Fiber.new do |job|
