@@ -11,6 +11,7 @@
 #
 #   flock /tmp/memkit-bench.lock bundle exec ruby bench/refork.rb \
 #     [--per-worker 2000,5000,10000] [--modes none,count,memkit] [--workers 4]
+#     [--app refork_app.ru|cow_app.ru]
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
 require "memkit"
 require "memkit/loopback"
@@ -27,12 +28,14 @@ module ReforkBench
 
   def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
-  def start(mode, workers:)
+  def start(mode, workers:, app:)
     port = Memkit::Loopback.free_port
     log = File.join(Dir.tmpdir, "memkit-refork-#{mode}-#{port}.log")
-    env = { "REFORK_MODE" => mode, "REFORK_PORT" => port.to_s, "REFORK_WORKERS" => workers.to_s }
-    pid = Process.spawn(env, RbConfig.ruby, Gem.bin_path("puma", "puma"), "-C", File.join(ROOT, "bench", "refork_puma.rb"),
-                        chdir: ROOT, out: log, err: log, pgroup: true)
+    env = { "REFORK_MODE" => mode, "REFORK_PORT" => port.to_s, "REFORK_WORKERS" => workers.to_s,
+            "REFORK_APP" => app }
+    config = File.join(ROOT, "bench", "refork_puma.rb")
+    argv = [RbConfig.ruby, Gem.bin_path("puma", "puma"), "-C", config]
+    pid = Process.spawn(env, *argv, chdir: ROOT, out: log, err: log, pgroup: true)
     deadline = now + 180
     until get(port, "/gc") && Memkit.tree(pid).nodes.size == workers + 1
       raise "puma (#{mode}) did not boot; log #{log}:\n#{File.read(log)[-2000..]}" if now > deadline
@@ -118,10 +121,10 @@ module ReforkBench
     }
   end
 
-  def run(modes:, per_worker:, workers:)
+  def run(modes:, per_worker:, workers:, app:)
     rows = []
     modes.each do |mode|
-      server = start(mode, workers: workers)
+      server = start(mode, workers: workers, app: app)
       sent = 0
       failures = 0
       begin
@@ -147,13 +150,15 @@ module ReforkBench
 end
 
 if $PROGRAM_NAME == __FILE__
-  opts = { modes: %w[none count memkit], per_worker: [2000, 5000, 10_000], workers: 4 }
+  opts = { modes: %w[none count memkit], per_worker: [2000, 5000, 10_000], workers: 4, app: "refork_app.ru" }
   OptionParser.new do |o|
     o.on("--modes LIST") { |v| opts[:modes] = v.split(",") }
     o.on("--per-worker LIST") { |v| opts[:per_worker] = v.split(",").map { |x| Integer(x) } }
     o.on("--workers N", Integer) { |v| opts[:workers] = v }
+    o.on("--app FILE", %w[refork_app.ru cow_app.ru]) { |v| opts[:app] = v }
   end.parse!
-  puts "ruby #{RUBY_VERSION}, puma #{Gem.loaded_specs['puma']&.version || `#{RbConfig.ruby} -rpuma/const -e 'print Puma::Const::VERSION'`}, " \
-       "#{opts[:workers]} workers, requests per worker (average): #{opts[:per_worker].join(', ')}"
+  puma = Gem.loaded_specs["puma"]&.version
+  puts "ruby #{RUBY_VERSION}, puma #{puma}, #{opts[:workers]} workers, app bench/#{opts[:app]}, " \
+       "requests per worker (average): #{opts[:per_worker].join(', ')}"
   ReforkBench.run(**opts)
 end
