@@ -7,12 +7,13 @@ require "memkit"
 # master runs Memkit.warmup once the app is loaded and before it forks the
 # workers. With fork_worker, worker 0 runs it again before each refork,
 # through whichever hook this Puma names (before_refork on Puma 6+, on_refork
-# on Puma 5), and the master watches the workers' memory and asks for a
-# refork when they have drifted from worker 0 (Memkit::Refork::PumaWatcher;
-# docs/REFORK.md). Together with `require "memkit/fork"` the fork itself finds
-# the heap prepared and does nothing twice. It also gives Memkit::OobGC and
-# Memkit::MemoryLimit Puma's out_of_band hook, where the worker accepts
-# nothing while they run a GC or ask for the worker's replacement.
+# on Puma 5, which reforks only without preload_app!), and the master
+# watches the workers' memory and asks for a refork when they have drifted
+# from worker 0 (Memkit::Refork::PumaWatcher; docs/REFORK.md). Together
+# with `require "memkit/fork"` the fork itself finds the heap prepared and
+# does nothing twice. It also gives Memkit::OobGC and Memkit::MemoryLimit
+# Puma's out_of_band hook, where the worker accepts nothing while they run a
+# GC or ask for the worker's replacement.
 #
 # For warmup options, skip the plugin and write the hook yourself:
 #   before_fork { Memkit.warmup(compact: false) }
@@ -21,7 +22,7 @@ Puma::Plugin.create do
     # Puma 6+ logs through launcher.log_writer; Puma 5 through launcher.events.
     # Both answer #log(String).
     @log_writer = launcher.respond_to?(:log_writer) ? launcher.log_writer : launcher.events
-    return unless launcher.options[:fork_worker]
+    return unless launcher.options[:fork_worker] && launcher.options[:workers].to_i.positive?
 
     require "memkit/refork/puma"
     watcher = Memkit::Refork::PumaWatcher.new(log: @log_writer)
