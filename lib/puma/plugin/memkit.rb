@@ -6,8 +6,8 @@ require "memkit"
 # `plugin :memkit` in config/puma.rb (cluster mode, with preload_app!): the
 # master runs Memkit.warmup once the app is loaded and before it forks the
 # workers. With fork_worker, worker 0 runs it again before each refork,
-# through whichever hook this Puma names (before_refork on Puma 6+, on_refork
-# on Puma 5, which reforks only without preload_app!), and the master
+# through whichever hook this Puma names (before_refork on Puma 7+, on_refork
+# on Puma 5 and 6; Puma 5 reforks only without preload_app!), and the master
 # watches the workers' memory and asks for a refork when they have drifted
 # from worker 0 (Memkit::Refork::PumaWatcher; docs/REFORK.md). Together
 # with `require "memkit/fork"` the fork itself finds the heap prepared and
@@ -33,8 +33,8 @@ Puma::Plugin.create do
   # Puma calls config(dsl) for plugins loaded by `plugin :name`.
   def config(dsl)
     dsl.before_fork { warmup("before_fork") }
-    # Puma 6+ names the refork hook before_refork (on_refork stays as a
-    # deprecated alias); Puma 5 has only on_refork.
+    # Puma 7+ names the refork hook before_refork (on_refork stays as a
+    # deprecated alias); Puma 5 and 6 have only on_refork.
     refork_hook = dsl.respond_to?(:before_refork) ? :before_refork : :on_refork
     dsl.public_send(refork_hook) { warmup(refork_hook.to_s) } if dsl.respond_to?(refork_hook)
     # Only for the middleware the app loaded (autoload? is nil once loaded).
