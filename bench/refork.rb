@@ -52,7 +52,11 @@ module ReforkBench
   rescue Errno::ESRCH, Errno::ECHILD
     nil
   ensure
-    Process.kill(:KILL, -server[:pid]) rescue nil # rubocop:disable Style/RescueModifier
+    begin
+      Process.kill(:KILL, -server[:pid]) # workers left behind, if any
+    rescue Errno::ESRCH
+      nil
+    end
   end
 
   def get(port, path)

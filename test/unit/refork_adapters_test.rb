@@ -42,8 +42,7 @@ class ReforkAdaptersTest < Minitest::Test
     2.times { assert_equal "ready\n", r.gets }
     yield master, r
   ensure
-    Process.kill(:KILL, -master) rescue nil # rubocop:disable Style/RescueModifier
-    Process.wait(master) rescue nil # rubocop:disable Style/RescueModifier
+    reap(-master, master) if master
   end
 
   def test_puma_watcher_reads_the_grandchildren_and_signals_the_master
@@ -79,6 +78,14 @@ class ReforkAdaptersTest < Minitest::Test
       assert_equal :healthy, watcher.last_decision.reason
       assert_nil signals.wait_readable(0.2), "no signal"
     end
+  end
+
+  # SIGKILL to target (a pid, or minus a process group), then wait for pid.
+  def reap(target, pid)
+    Process.kill(:KILL, target)
+    Process.wait(pid)
+  rescue Errno::ESRCH, Errno::ECHILD
+    nil
   end
 
   FakeWorker = Struct.new(:requests_count, :outdated) do
@@ -121,8 +128,7 @@ class ReforkAdaptersTest < Minitest::Test
     assert_equal :cooldown, adapter.after_request_complete(server, FakeWorker.new(16, false)).reason
     keep.clear
   ensure
-    Process.kill(:KILL, monitor) rescue nil # rubocop:disable Style/RescueModifier
-    Process.wait(monitor) rescue nil # rubocop:disable Style/RescueModifier
+    reap(monitor, monitor) if monitor
   end
 
   def test_adapters_reject_bad_options_by_name
