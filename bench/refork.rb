@@ -11,6 +11,7 @@
 #
 #   flock /tmp/memkit-bench.lock bundle exec ruby bench/refork.rb \
 #     [--per-worker 2000,5000,10000] [--modes none,count,memkit] [--workers 4]
+#     [--app refork_app.ru|cow_app.ru] [--rate REQUESTS_PER_SECOND]
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
 require "memkit"
 require "memkit/loopback"
@@ -27,12 +28,14 @@ module ReforkBench
 
   def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
-  def start(mode, workers:)
+  def start(mode, workers:, app:)
     port = Memkit::Loopback.free_port
     log = File.join(Dir.tmpdir, "memkit-refork-#{mode}-#{port}.log")
-    env = { "REFORK_MODE" => mode, "REFORK_PORT" => port.to_s, "REFORK_WORKERS" => workers.to_s }
-    pid = Process.spawn(env, RbConfig.ruby, Gem.bin_path("puma", "puma"), "-C", File.join(ROOT, "bench", "refork_puma.rb"),
-                        chdir: ROOT, out: log, err: log, pgroup: true)
+    env = { "REFORK_MODE" => mode, "REFORK_PORT" => port.to_s, "REFORK_WORKERS" => workers.to_s,
+            "REFORK_APP" => app }
+    config = File.join(ROOT, "bench", "refork_puma.rb")
+    argv = [RbConfig.ruby, Gem.bin_path("puma", "puma"), "-C", config]
+    pid = Process.spawn(env, *argv, chdir: ROOT, out: log, err: log, pgroup: true)
     deadline = now + 180
     until get(port, "/gc") && Memkit.tree(pid).nodes.size == workers + 1
       raise "puma (#{mode}) did not boot; log #{log}:\n#{File.read(log)[-2000..]}" if now > deadline
@@ -49,7 +52,11 @@ module ReforkBench
   rescue Errno::ESRCH, Errno::ECHILD
     nil
   ensure
-    Process.kill(:KILL, -server[:pid]) rescue nil # rubocop:disable Style/RescueModifier
+    begin
+      Process.kill(:KILL, -server[:pid]) # workers left behind, if any
+    rescue Errno::ESRCH
+      nil
+    end
   end
 
   def get(port, path)
@@ -60,11 +67,21 @@ module ReforkBench
 
   # Sends requests number `from` up to `to` (k = the request's number), from
   # `clients` threads, each reconnecting every 20 requests so that the
-  # connections spread over the workers.
-  def drive(server, from, to, clients: 8)
+  # connections spread over the workers. With a rate (requests per second
+  # in all), request k is not sent before start + k / rate: the policy
+  # decides on a clock, so an unpaced run squeezes hours of traffic into
+  # seconds of its checks.
+  def drive(server, from, to, clients: 8, rate: nil, start: now)
     counter = from
     lock = Mutex.new
-    take = -> { lock.synchronize { counter < to ? (counter += 1) : nil } }
+    take = lambda do
+      k = lock.synchronize { counter < to ? (counter += 1) : nil }
+      if k && rate
+        wait = start + k.fdiv(rate) - now
+        sleep(wait) if wait.positive?
+      end
+      k
+    end
     failures = 0
     Array.new(clients) do
       Thread.new do
@@ -118,18 +135,22 @@ module ReforkBench
     }
   end
 
-  def run(modes:, per_worker:, workers:)
+  def run(modes:, per_worker:, workers:, app:, rate: nil)
     rows = []
     modes.each do |mode|
-      server = start(mode, workers: workers)
+      server = start(mode, workers: workers, app: app)
       sent = 0
       failures = 0
+      began = now
+      paused = 0.0 # time spent measuring, left out of the pacing
       begin
         per_worker.each do |n|
           t0 = now
-          failures += drive(server, sent, n * workers)
+          failures += drive(server, sent, n * workers, rate: rate, start: began + paused)
           sent = n * workers
+          t1 = now
           m = measure(server, workers)
+          paused += now - t1
           rows << m.merge(mode: mode, per_worker: n, seconds: now - t0, failures: failures)
           puts format("%-7s %6d/worker  tree PSS %7.1f MiB  master PSS %6.1f  worker0 USS %6.1f  " \
                       "workers USS %s  reforks %d (memkit decided %d)  failed requests %d  %.0fs",
@@ -142,18 +163,35 @@ module ReforkBench
         stop(server)
       end
     end
+    summary(rows)
     rows
+  end
+
+  # Per mode: the tree's PSS averaged over the checkpoints (what the tree
+  # costs over the run, not at one moment) and at the last one.
+  def summary(rows)
+    puts "mode     mean tree PSS over checkpoints   last checkpoint   reforks"
+    rows.group_by { |r| r[:mode] }.each do |mode, rs|
+      mean = rs.sum { |r| r[:total_pss] } / rs.size
+      puts format("%-7s  %10.1f MiB (%2d checkpoints)   %9.1f MiB   %7d", mode, mean / MIB, rs.size,
+                  rs.last[:total_pss] / MIB, rs.last[:reforks])
+    end
   end
 end
 
 if $PROGRAM_NAME == __FILE__
-  opts = { modes: %w[none count memkit], per_worker: [2000, 5000, 10_000], workers: 4 }
+  opts = { modes: %w[none count memkit], per_worker: [2000, 5000, 10_000], workers: 4, app: "refork_app.ru" }
   OptionParser.new do |o|
     o.on("--modes LIST") { |v| opts[:modes] = v.split(",") }
     o.on("--per-worker LIST") { |v| opts[:per_worker] = v.split(",").map { |x| Integer(x) } }
     o.on("--workers N", Integer) { |v| opts[:workers] = v }
+    o.on("--app FILE", %w[refork_app.ru cow_app.ru]) { |v| opts[:app] = v }
+    o.on("--rate N", Float, "requests per second in all (default: as fast as the server answers)") do |v|
+      opts[:rate] = v
+    end
   end.parse!
-  puts "ruby #{RUBY_VERSION}, puma #{Gem.loaded_specs['puma']&.version || `#{RbConfig.ruby} -rpuma/const -e 'print Puma::Const::VERSION'`}, " \
-       "#{opts[:workers]} workers, requests per worker (average): #{opts[:per_worker].join(', ')}"
+  puma = Gem.loaded_specs["puma"]&.version
+  puts "ruby #{RUBY_VERSION}, puma #{puma}, #{opts[:workers]} workers, app bench/#{opts[:app]}, " \
+       "requests per worker (average): #{opts[:per_worker].join(', ')}, rate #{opts[:rate] || 'unpaced'}"
   ReforkBench.run(**opts)
 end

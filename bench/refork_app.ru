@@ -26,7 +26,8 @@ module ReforkApp
       Routes.module_eval("def self.#{route}(r) = [r['id'], r['sku'].upcase, r['tags'].sort.join(',')].join('|')",
                          __FILE__, __LINE__)
     end
-    aggregate = AGGREGATES[record["category"]] ||= CowApp.by_category[record["category"]].sum { |r| r["price"] }.round(2)
+    category = record["category"]
+    aggregate = AGGREGATES[category] ||= CowApp.by_category[category].sum { |r| r["price"] }.round(2)
     status, headers, body = CowApp.call(env)
     [status, headers, [*body, "\n", fragment, Routes.public_send(route, record), aggregate.to_s]]
   end

@@ -15,7 +15,9 @@ workers Integer(ENV.fetch("REFORK_WORKERS", "4"))
 threads 1, 1
 bind "tcp://127.0.0.1:#{ENV.fetch('REFORK_PORT')}"
 preload_app!
-rackup File.expand_path("refork_app.ru", __dir__)
+# REFORK_APP: refork_app.ru (first-use caches and code that every worker
+# fills the same way) or cow_app.ru (the same app without them).
+rackup File.expand_path(ENV.fetch("REFORK_APP", "refork_app.ru"), __dir__)
 worker_timeout 300
 case mode
 when "none", "count"

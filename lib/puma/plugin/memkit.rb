@@ -7,13 +7,14 @@ require "memkit/out_of_band"
 # `plugin :memkit` in config/puma.rb (cluster mode, with preload_app!): the
 # master runs Memkit.warmup once the app is loaded and before it forks the
 # workers. With fork_worker, worker 0 runs it again before each refork,
-# through whichever hook this Puma names (before_refork on Puma 6+, on_refork
-# on Puma 5), and the master watches the workers' memory and asks for a
-# refork when they have drifted from worker 0 (Memkit::Refork::PumaWatcher;
-# docs/REFORK.md). Together with `require "memkit/fork"` the fork itself finds
-# the heap prepared and does nothing twice. It also gives Memkit::OobGC and
-# Memkit::MemoryLimit Puma's out_of_band hook, where the worker accepts
-# nothing while they run a GC or ask for the worker's replacement.
+# through whichever hook this Puma names (before_refork on Puma 7+, on_refork
+# on Puma 5 and 6; Puma 5 reforks only without preload_app!), and the master
+# watches the workers' memory and asks for a refork when they have drifted
+# from worker 0 (Memkit::Refork::PumaWatcher; docs/REFORK.md). Together
+# with `require "memkit/fork"` the fork itself finds the heap prepared and
+# does nothing twice. It also gives Memkit::OobGC and Memkit::MemoryLimit
+# Puma's out_of_band hook, where the worker accepts nothing while they run a
+# GC or ask for the worker's replacement.
 #
 # For warmup options, skip the plugin and write the hook yourself:
 #   before_fork { Memkit.warmup(compact: false) }
@@ -22,7 +23,7 @@ Puma::Plugin.create do
     # Puma 6+ logs through launcher.log_writer; Puma 5 through launcher.events.
     # Both answer #log(String).
     @log_writer = launcher.respond_to?(:log_writer) ? launcher.log_writer : launcher.events
-    return unless launcher.options[:fork_worker]
+    return unless launcher.options[:fork_worker] && launcher.options[:workers].to_i.positive?
 
     require "memkit/refork/puma"
     watcher = Memkit::Refork::PumaWatcher.new(log: @log_writer)
@@ -33,8 +34,8 @@ Puma::Plugin.create do
   # Puma calls config(dsl) for plugins loaded by `plugin :name`.
   def config(dsl)
     dsl.before_fork { warmup("before_fork") }
-    # Puma 6+ names the refork hook before_refork (on_refork stays as a
-    # deprecated alias); Puma 5 has only on_refork.
+    # Puma 7+ names the refork hook before_refork (on_refork stays as a
+    # deprecated alias); Puma 5 and 6 have only on_refork.
     refork_hook = dsl.respond_to?(:before_refork) ? :before_refork : :on_refork
     dsl.public_send(refork_hook) { warmup(refork_hook.to_s) } if dsl.respond_to?(refork_hook)
     # Only for the middleware the app loaded (autoload? is nil once loaded).
