@@ -269,7 +269,9 @@ module Memkit
       @next_tree_check = now + @tree_check_interval
       tree = Memkit.tree(Process.ppid)
       me = Process.pid
-      titled = $PROGRAM_NAME.include?("worker")
+      # The title as the kernel shows it: Pitchfork sets it with setproctitle,
+      # which leaves $PROGRAM_NAME alone.
+      titled = tree.nodes.find { |n| n.pid == me }&.command.to_s.include?("worker")
       workers = tree.nodes.select { |n| n.ppid == tree.pid && (n.pid == me || !titled || n.command.include?("worker")) }
       reason = @tree_policy.decide(tree_pss: tree.total_pss, workers: workers.to_h { |n| [n.pid, n.memory.uss] }, me: me)
       reason && "#{reason} after #{@requests} requests"
