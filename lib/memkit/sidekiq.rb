@@ -53,6 +53,11 @@ module Memkit
       def call(job_instance, job_hash, queue, &block)
         @runner.call(job_instance, job_hash, queue, &block)
       end
+
+      # Sidekiq hands its configuration to middleware that takes it.
+      def config=(config)
+        @runner.attach(config)
+      end
     end
 
     # The process-wide part of Middleware.
@@ -61,8 +66,23 @@ module Memkit
       # then gives them its shutdown timeout and pushes back what is left.
       WAIT_FOR_JOBS = 600
 
+      # Without Sidekiq's :quiet event (no configuration handed over), how long
+      # to give the TSTP before TERM.
+      QUIET_GRACE = 2
+
       def initialize(**options)
         setup(**options)
+      end
+
+      # Listens for Sidekiq's :quiet lifecycle event, so TERM follows once the
+      # quiet has taken effect: Ruby runs pending signal handlers lowest
+      # number first, so a TERM (15) sent soon after TSTP (20) would be seen
+      # first, and Sidekiq would go straight to its shutdown.
+      def attach(config)
+        first = @lock.synchronize { !@attached && (@attached = true) }
+        config.on(:quiet) { @lock.synchronize { @quiet = true } } if first && config.respond_to?(:on)
+      rescue ArgumentError
+        nil
       end
 
       def call(_job_instance, _job_hash, _queue, &block)
@@ -91,6 +111,8 @@ module Memkit
         @lock = Mutex.new
         @in_flight = 0
         @stopping = false
+        @attached = false
+        @quiet = false
         unless stop == :signals || stop.respond_to?(:call)
           raise InvalidArgument, "Memkit::Sidekiq::Middleware: stop must be :signals or a callable (got #{stop.inspect})"
         end
@@ -131,11 +153,16 @@ module Memkit
 
         Process.kill("TSTP", Process.pid)
         Thread.new do
-          deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + WAIT_FOR_JOBS
+          start = Process.clock_gettime(Process::CLOCK_MONOTONIC)
           # The job that crossed the limit is still counted until its
           # middleware call returns, which is right after this.
-          sleep 0.05 until @lock.synchronize { @in_flight.zero? } ||
-                           Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+          loop do
+            waited = Process.clock_gettime(Process::CLOCK_MONOTONIC) - start
+            done, quiet = @lock.synchronize { [@in_flight.zero?, @quiet || (!@attached && waited > QUIET_GRACE)] }
+            break if (done && quiet) || waited > WAIT_FOR_JOBS
+
+            sleep 0.05
+          end
           Process.kill("TERM", Process.pid)
         end
       end
