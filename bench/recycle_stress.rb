@@ -10,7 +10,7 @@
 #
 #   flock /tmp/memkit-bench.lock bundle exec ruby -Ilib -Itest bench/recycle_stress.rb \
 #     [--requests 100000] [--servers puma,puma_plugin,unicorn,puma_nolimit] [--clients 4] [--leak-every 60]
-#     [--threads 2]
+#     [--threads 2] [--puma-config "queue_requests false"]
 #
 # puma_nolimit is the control: the same app and load on Puma without
 # Memkit::MemoryLimit, so no worker is ever replaced. Puma 8.0.2 with 2 threads
@@ -38,6 +38,9 @@ OptionParser.new do |o|
   o.on("--leak-every N", Integer) { |v| options[:leak_every] = v }
   o.on("--max-uss SIZE") { |v| options[:max_uss] = v }
   o.on("--threads N", Integer) { |v| options[:threads] = v }
+  o.on("--puma-config LINE", "a line added to every Puma config (e.g. \"queue_requests false\")") do |v|
+    options[:puma_config] = v
+  end
 end.parse!
 
 APP = <<~RUBY
@@ -92,6 +95,7 @@ end
 def run(kind, options)
   server_kind = kind.start_with?("puma") ? :puma : :unicorn
   extra = kind == "puma_plugin" ? "plugin :memkit" : ""
+  extra += "\n#{options[:puma_config]}" if options[:puma_config] && server_kind == :puma
   Dir.mktmpdir("memkit-stress") do |dir|
     port = Memkit::Loopback.free_port
     env = { "MAX_USS" => options[:max_uss], "LEAK_EVERY" => options[:leak_every].to_s }
