@@ -119,7 +119,7 @@ def run(kind, options)
     puts format("%-12s threads %d  requests %d  ok %d  failed %d  replacements logged %d (from the hook %d)  worker pids seen %d  %.0fs",
                 kind, options[:threads], per * options[:clients], ok, fails.size, replaced, hook, seen.size, seconds)
     fails.tally.first(5).each { |f, n| puts "  #{n} x #{f}" }
-    errors = log.lines.grep(/error|exception|Errno|500/i).reject { |l| l.include?("memkit: worker") }
+    errors = log.lines.grep(/ERROR|[Ee]xception|Errno/).reject { |l| l.include?("memkit: worker") }
     errors.first(5).each { |l| puts "  log: #{l.chomp[0, 160]}" }
     fails.size
   ensure
