@@ -2,6 +2,7 @@
 
 require "test_helper"
 require "support/servers"
+require "support/pitchfork_server"
 require "fileutils"
 
 class MemoryLimitTest < Minitest::Test
@@ -108,7 +109,8 @@ class MemoryLimitTest < Minitest::Test
     LEAK = []
     use Memkit::MemoryLimit, max_tree_pss: "80%", cgroup: ENV.fetch("CGROUP_ROOT"), tree_check_interval: 0.2
     run lambda { |env|
-      nr = $0[/worker\[(\d+)\]/, 1].to_i
+      # The title as the kernel has it (Pitchfork sets it with setproctitle).
+      nr = File.read("/proc/self/cmdline")[/worker\[(\d+)\]/, 1].to_i
       # Worker N keeps 4 MiB per request up to (N + 1) x 16 MiB: the workers
       # end apart in size, whichever served more requests.
       LEAK << ("x" * (4 << 20)) if env["PATH_INFO"] == "/leak" && LEAK.size < (nr + 1) * 4
@@ -120,7 +122,17 @@ class MemoryLimitTest < Minitest::Test
   # can be lowered below what the real server tree holds; the server, its
   # workers and their memory are real. Over the limit, the largest worker by
   # USS is replaced, only it, and the others keep serving.
-  def test_tree_over_a_share_of_the_container_limit_replaces_the_largest_worker_only
+  def test_tree_over_a_share_of_the_container_limit_replaces_the_largest_unicorn_worker_only
+    tree_limit_under(:unicorn)
+  end
+
+  # Pitchfork's mold is a child of the monitor too, and is not a worker: it
+  # is counted in the tree but never picked.
+  def test_tree_over_a_share_of_the_container_limit_replaces_the_largest_pitchfork_worker_only
+    tree_limit_under(:pitchfork)
+  end
+
+  def tree_limit_under(kind)
     Dir.mktmpdir("memkit-tree-limit") do |dir|
       cgroup = File.join(dir, "cgroup")
       FileUtils.mkdir_p(["#{cgroup}/proc/self", "#{cgroup}/sys/fs/cgroup"])
@@ -130,7 +142,13 @@ class MemoryLimitTest < Minitest::Test
       File.write("#{cgroup}/sys/fs/cgroup/memory.events", "max 0\n")
       max_file = "#{cgroup}/sys/fs/cgroup/memory.max"
       File.write(max_file, "#{100 << 30}\n")
-      server = start_server(:unicorn, TREE_APP, dir: dir, port: free_port, workers: 3, env: { "CGROUP_ROOT" => cgroup })
+      server =
+        if kind == :pitchfork
+          Memkit::PitchforkServer.start_pitchfork(TREE_APP, dir: dir, port: free_port, workers: 3,
+                                                            env: { "CGROUP_ROOT" => cgroup })
+        else
+          start_server(kind, TREE_APP, dir: dir, port: free_port, workers: 3, env: { "CGROUP_ROOT" => cgroup })
+        end
       begin
         client = Memkit::ServersHelper::KeepAliveClient.new(server.port)
         workers = {}
@@ -176,6 +194,8 @@ class MemoryLimitTest < Minitest::Test
           wait_until(timeout: 30, interval: 0.1, message: "a tree-limit replacement (largest #{largest}, #{uss})") do
             server.log_text.include?("tree pss")
           end
+          # Counted from when the replaced worker is gone (its master reaps it).
+          wait_until(timeout: 30, message: "worker #{largest} to exit") { !File.exist?("/proc/#{largest}") }
           lock.synchronize { answered.clear }
           sleep 2
         ensure
@@ -188,7 +208,7 @@ class MemoryLimitTest < Minitest::Test
         survivors.each { |pid| assert_equal 1, Process.kill(0, pid), "worker #{pid} should still run" }
         assert_operator (answered.keys & survivors).size, :>=, 1, "answered by #{answered.inspect}"
         refute_includes answered.keys, largest
-        puts "\ntree limit: worker uss #{uss.transform_values { |v| Memkit::Units.human(v) }}; replaced #{replaced}"
+        puts "\ntree limit (#{kind}): worker uss #{uss.transform_values { |v| Memkit::Units.human(v) }}; replaced #{replaced}"
       ensure
         client&.close
         stop_server(server)
