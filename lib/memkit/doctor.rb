@@ -2,6 +2,7 @@
 
 require "rbconfig"
 require_relative "allocator"
+require_relative "cgroup"
 require_relative "doctor/probe_runner"
 
 module Memkit
@@ -360,55 +361,21 @@ module Memkit
     end
 
     # cgroup v2 (memory.max, memory.current) or v1 (memory.limit_in_bytes,
-    # memory.usage_in_bytes), found through /proc/PID/cgroup and mountinfo.
+    # memory.usage_in_bytes), read by Memkit::Cgroup.
     def cgroup_memory
-      dir, version = cgroup_dir
-      return check("cgroup.memory", nil, :ok, "no memory cgroup controller mounted: no container limit") unless dir
+      cgroup = Cgroup.read(target)
+      value = { "version" => cgroup.version, "path" => cgroup.path, "max" => cgroup.limit, "current" => cgroup.usage }
+      return check("cgroup.memory", value, :ok, "no limit on #{cgroup.path}; usage #{Units.human(cgroup.usage)}") unless cgroup.limited?
 
-      if version == 2
-        max_raw = read_sys("#{dir}/memory.max")
-        current = read_sys("#{dir}/memory.current").to_i
-      else
-        max_raw = read_sys("#{dir}/memory.limit_in_bytes")
-        current = read_sys("#{dir}/memory.usage_in_bytes").to_i
-      end
-      max = max_raw == "max" ? nil : max_raw.to_i
-      # cgroup v1 spells "no limit" as the largest page-aligned long.
-      max = nil if max && max >= (2**63) - 4096 * 2
-      value = { "version" => version, "path" => dir, "max" => max, "current" => current }
-      return check("cgroup.memory", value, :ok, "no limit on #{dir}; usage #{Units.human(current)}") unless max
-
-      used = current.fdiv(max)
+      used = cgroup.usage.fdiv(cgroup.limit)
       status = level(used, warn: 0.75)
       check("cgroup.memory", value, status,
-            "#{Units.human(current)} of #{Units.human(max)} (#{(used * 100).round}%) used, page cache included; " \
+            "#{Units.human(cgroup.usage)} of #{Units.human(cgroup.limit)} (#{(used * 100).round}%) used, page cache included; " \
             "at the limit the kernel reclaims cache, then OOM-kills inside the container")
-    rescue Errno::ENOENT, Errno::EACCES => e
+    rescue Cgroup::NotFound
+      check("cgroup.memory", nil, :ok, "no memory cgroup controller mounted: no container limit")
+    rescue ParseError, PermissionDenied => e
       check("cgroup.memory", nil, :warn, "cannot read the memory cgroup: #{e.message}")
-    end
-
-    def cgroup_dir
-      lines = ProcFS.read(target, "cgroup").lines(chomp: true).map { |l| l.split(":", 3) }
-      mounts = File.readlines("/proc/self/mountinfo", chomp: true).map(&:split)
-      v1 = lines.find { |_, controllers, _| controllers.split(",").include?("memory") }
-      if v1
-        mount = mounts.find { |f| f[f.index("-") + 1] == "cgroup" && f.last.split(",").include?("memory") }
-        return [cgroup_path(mount, v1[2]), 1] if mount
-      end
-      v2 = lines.find { |id, _, _| id == "0" }
-      mount = mounts.find { |f| f[f.index("-") + 1] == "cgroup2" }
-      return nil unless v2 && mount
-
-      dir = cgroup_path(mount, v2[2])
-      File.exist?("#{dir}/memory.current") ? [dir, 2] : nil
-    end
-
-    # mountinfo field 4 is the cgroup path mounted there (not "/" inside a
-    # container with its own cgroup namespace), field 5 the mount point.
-    def cgroup_path(mount, path)
-      root = mount[3]
-      rel = path.start_with?(root) ? path.delete_prefix(root) : path
-      File.join(mount[4], rel).chomp("/")
     end
 
     def address_space_limit(probe)

@@ -106,7 +106,10 @@ module Memkit
       @cgroup = cgroup
       @max_uss = size(max_uss, :max_uss)
       @max_tree_pss = size(max_tree_pss, :max_tree_pss)
-      @tree_policy = @max_tree_pss && TreePolicy.new(limit: @max_tree_pss)
+      # A share is taken of the container's limit as it is at each reading of
+      # the tree, so a limit changed at run time (docker update, a resized
+      # pod) is followed.
+      @tree_share = share(max_tree_pss)
       @tree_check_interval = tree_check_interval
       @max_requests = max_requests
       @jitter = jitter
@@ -262,7 +265,7 @@ module Memkit
     # Pitchfork all do), only siblings whose titles do too, which leaves out
     # Pitchfork's mold and anything else the master runs.
     def tree_check
-      return unless @tree_policy
+      return unless @max_tree_pss
 
       now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
       return if now < @next_tree_check
@@ -270,9 +273,14 @@ module Memkit
       @next_tree_check = now + @tree_check_interval
       tree = Memkit.tree(Process.ppid)
       me = Process.pid
-      titled = $PROGRAM_NAME.include?("worker")
+      # The title as the kernel shows it: Pitchfork sets it with setproctitle,
+      # which leaves $PROGRAM_NAME alone.
+      titled = tree.nodes.find { |n| n.pid == me }&.command.to_s.include?("worker")
       workers = tree.nodes.select { |n| n.ppid == tree.pid && (n.pid == me || !titled || n.command.include?("worker")) }
-      reason = @tree_policy.decide(tree_pss: tree.total_pss, workers: workers.to_h { |n| [n.pid, n.memory.uss] }, me: me)
+      limit = @tree_share ? (cgroup_reading(:max_tree_pss).limit.to_i * @tree_share).round : @max_tree_pss
+      return if limit.zero? # the container's limit is gone
+
+      reason = TreePolicy.new(limit: limit).decide(tree_pss: tree.total_pss, workers: workers.to_h { |n| [n.pid, n.memory.uss] }, me: me)
       reason && "#{reason} after #{@requests} requests"
     rescue Memkit::Error => e
       log "memkit: worker #{Process.pid} could not read the server tree (#{e.message}); will try again"
@@ -344,14 +352,19 @@ module Memkit
       $PROGRAM_NAME.include?("cluster worker")
     end
 
+    # The share (0.8 for "80%"), or nil for a size.
+    def share(value)
+      percent = value.is_a?(String) && value.strip[/\A(\d+(?:\.\d+)?)\s*%\z/, 1]
+      percent && Float(percent) / 100
+    end
+
     # Bytes from a size ("300MB", 1024) or a share of the cgroup's limit ("80%").
     def size(value, option)
       return nil if value.nil?
 
-      percent = value.is_a?(String) && value.strip[/\A(\d+(?:\.\d+)?)\s*%\z/, 1]
-      return Units.parse(value, "Memkit::MemoryLimit #{option}") unless percent
+      share = share(value)
+      return Units.parse(value, "Memkit::MemoryLimit #{option}") unless share
 
-      share = Float(percent) / 100
       unless share.positive? && share <= 1
         raise InvalidArgument, "Memkit::MemoryLimit #{option}: #{value.inspect} must be more than 0% and at most 100%"
       end
