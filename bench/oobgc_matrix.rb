@@ -90,12 +90,12 @@ module OobgcMatrix
     Dir.mktmpdir("memkit-oobgc-matrix") do |dir|
       extra = mode == "memkit_plugin" ? "plugin :memkit" : ""
       source = OobgcBenchRunner.app_source(mode == "none" ? "none" : "memkit", dir)
-      srv = OobgcBenchRunner.start_server(kind, source, dir: dir, port: Memkit::Loopback.free_port,
+      srv = Memkit::ServersHelper.start_server(kind, source, dir: dir, port: Memkit::Loopback.free_port,
                                                        env: SHAPES.fetch(shape).merge("OOBGC_SKIP" => "100"), extra: extra)
       begin
         out = wrk("http://127.0.0.1:#{srv.port}/", opts, pace, close, File.join(dir, "latency.txt"))
       ensure
-        OobgcBenchRunner.stop_server(srv)
+        Memkit::ServersHelper.stop_server(srv)
       end
       probes = Dir[File.join(dir, "gc-*.json")].map { |f| JSON.parse(File.read(f)) }
       warn "#{kind} #{shape} #{mode}: #{probes.size} of 2 workers reported" if probes.size < 2
