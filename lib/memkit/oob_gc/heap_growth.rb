@@ -6,11 +6,11 @@ module Memkit
     # size only at boot (RUBY_GC_HEAP_*INIT_SLOTS).
     #
     # Ruby grows a heap at the end of a GC that leaves less than 20% of it
-    # free (gc_marks_finish on 3.1; gc_sweep_finish_size_pool on 3.3+, which
-    # also wants the GC to have freed more slots than were already empty). So
-    # this holds filler objects that fill the pool to 85%, adds short-lived
-    # ones to fill it nearly to the top, and runs a major GC: Ruby sees a
-    # full heap with garbage in it and grows it by its growth factor (1.8).
+    # free (gc_marks_finish on 3.1; the sweep's end on 3.3+, which also wants
+    # the GC to have freed more slots than it found in empty pages). So this
+    # fills the pool nearly to the top with objects it holds, and a seventh
+    # it drops, spread among them, and runs a major GC: Ruby sees a heap about
+    # 85% live with garbage in it and grows it by its growth factor (1.8).
     # It repeats until the pool has the slots wanted (or stops growing),
     # then drops the fillers and collects them.
     #
@@ -22,7 +22,6 @@ module Memkit
     # again only after `regrow_after` requests, and boot_env tells the user
     # the INIT_SLOTS that keeps it.
     class HeapGrowth
-      FILL = 0.85
       TOP = 0.99
       ROUNDS = 6
 
@@ -31,6 +30,7 @@ module Memkit
       def initialize(max_bytes:)
         @max_bytes = max_bytes
         @grown_bytes = 0
+        @pools = GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
       end
 
       def budget = [@max_bytes - @grown_bytes, 0].max
@@ -77,7 +77,7 @@ module Memkit
 
       def page_bytes = self.class.page_bytes
 
-      def pools? = GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
+      def pools? = @pools
 
       def slot_size(index)
         pools? ? GC.stat_heap(index, :slot_size) : GC::INTERNAL_CONSTANTS.fetch(:RVALUE_SIZE, 40)
@@ -96,22 +96,30 @@ module Memkit
         policy.free(Collector.reading)[index] + live(index)
       end
 
-      # Holds objects until the pool is FILL full, then allocates garbage to
-      # bring it to TOP.
+      # Allocates objects until the pool is TOP full, holding them but one in
+      # seven: the pool ends about 85% full of live objects, with the dead
+      # ones spread over the same pages. Ruby 3.4 grows a pool only if its
+      # sweep freed more slots than it found in wholly empty pages, so the
+      # garbage must not fill pages of its own. Nothing else may allocate
+      # here (a GC.stat Hash per object would fill another pool).
       def fill(index, capacity, held)
-        keep = (capacity * FILL).to_i - live(index)
-        held << Array.new(keep) { filler(index) } if keep.positive?
-        garbage = (capacity * TOP).to_i - live(index)
-        Array.new(garbage) { filler(index) } if garbage.positive?
+        length = pools? ? [(slot_size(index) - 16) / 8, 0].max : nil
+        count = (capacity * TOP).to_i - live(index)
+        return unless count.positive?
+
+        batch = []
+        count.times do |i|
+          object = filler(length)
+          batch << object unless (i % 7).zero?
+        end
+        held << batch
         nil
       end
 
-      # An object that lands in the pool: an Array embeds its elements in
-      # its own slot, 16 bytes of header and 8 per element.
-      def filler(index)
-        return Object.new unless pools?
-
-        Array.new([(slot_size(index) - 16) / 8, 0].max)
+      # An object that lands in the pool: an Array embeds its elements in its
+      # own slot, 16 bytes of header and 8 per element (checked on 3.3 and 3.4).
+      def filler(length)
+        length ? Array.new(length) : Object.new
       end
     end
   end
