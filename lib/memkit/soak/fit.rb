@@ -50,12 +50,18 @@ module Memkit
         @slope = median_sorted(slopes)
         @intercept = median(xs.each_index.map { |i| ys[i] - @slope * xs[i] })
         residuals = xs.each_index.map { |i| ys[i] - predict(xs[i]) }
-        @autocorrelation = lag1(residuals)
-        @inflation = variance_inflation(@autocorrelation)
-        @low, @high = sen_interval(slopes)
         # Robust scatter around the line: 1.4826 * MAD estimates sigma for
         # Gaussian noise without letting the occasional jump inflate it.
         @noise = 1.4826 * median(residuals.map(&:abs))
+        # The dependence is measured on residuals clipped at 3 sigma, for the
+        # reason the slope is a median: one jump (a hash table resized once)
+        # would otherwise read as a whole run of correlated samples. A curve
+        # that bends moves most residuals within the clip and keeps its
+        # correlation; one that sits on its line except for a step has none.
+        clip = 3 * @noise
+        @autocorrelation = lag1(residuals.map { |r| r.clamp(-clip, clip) })
+        @inflation = variance_inflation(@autocorrelation)
+        @low, @high = sen_interval(slopes)
         freeze
       end
 

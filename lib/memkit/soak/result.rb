@@ -11,9 +11,10 @@ module Memkit
     # in use plus malloc'd bytes, read right after a full GC, which rises by
     # exactly what is retained but cannot see fragmentation or a buffer's
     # unused capacity. A leak on live is a leak. A leak on rss alone is one
-    # too, unless live memory was judged flat: then the process kept nothing
-    # it allocated and rss grew by heap pages or allocator arenas, which
-    # level off; that is inconclusive until a longer run shows rss flatten.
+    # too, unless live memory did not grow over the whole window: then the
+    # process kept nothing it allocated and rss grew by heap pages or
+    # allocator arenas, which level off; that is inconclusive until a longer
+    # run shows rss flatten.
     # A plateau needs both curves flat.
     #
     # The soak's own bookkeeping is kept out of the curves (SampleLog), and
@@ -112,10 +113,11 @@ module Memkit
       # curve is flat, else the inconclusive one's reason.
       def combine(verdicts)
         leaks = verdicts.select { |_, v| v.verdict == "leak" }
-        if leaks.keys == ["rss"] && verdicts["live"]&.verdict == "plateau"
+        live = verdicts["live"]
+        if leaks.keys == ["rss"] && live&.verdict == "plateau" && live.full.high < min_leak
           rss = verdicts["rss"]
           return ["rss", Verdict.new(verdict: "inconclusive", full: rss.full, tail: rss.tail,
-                                     reason: "rss #{rss.reason}, but live memory is flat (#{verdicts['live'].reason}): " \
+                                     reason: "rss #{rss.reason}, but live memory is flat (#{live.reason}): " \
                                              "heap pages or malloc arenas growing, which level off; run more requests")]
         end
         return leaks.min_by { |_, v| (v.full.high - v.full.low) / v.full.slope } if leaks.any?

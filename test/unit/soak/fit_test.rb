@@ -36,6 +36,53 @@ class SoakFitTest < Minitest::Test
     assert_operator large.high - large.low, :<, small.high - small.low
   end
 
+  # A cache filling up (growth that slows down) sampled 200 times: read as
+  # independent samples its interval would be a few bytes wide and exclude
+  # the flat future. The residuals around a line through a bend are
+  # correlated, and the interval widens by the effective sample size.
+  def test_a_bending_curve_gets_a_wide_interval
+    x = xs(200, 10)
+    ys = x.map { |v| (2_000_000 * (1 - Math.exp(-v / 1_500.0))).round }
+    fit = Fit.of(x, ys)
+    assert_operator fit.autocorrelation, :>, 0.9
+    assert_operator fit.n / fit.inflation, :<, 10, "200 correlated samples are worth a few independent ones"
+    naive_width = 0.05 * fit.slope
+    assert_operator fit.high - fit.low, :>, 5 * naive_width, fit.to_h.inspect
+  end
+
+  # Independent jitter around a straight line keeps its narrow interval, and
+  # so does a line that is exact except for one jump (the median ignores it).
+  def test_independent_noise_and_a_single_step_are_not_widened
+    rng = Random.new(3)
+    x = xs(200)
+    jitter = Fit.of(x, x.map { |v| 400 * v + rng.rand(-20_000..20_000) })
+    assert_operator jitter.autocorrelation.abs, :<, 0.3
+    assert_operator jitter.inflation, :<, 1.8
+    assert_operator jitter.high - jitter.low, :<, 20
+
+    step = Fit.of(x, x.each_with_index.map { |v, i| 1_000_000 + (i > 150 ? 1_200_000 : 0) + 0 * v })
+    assert_equal 0.0, step.slope
+    assert_equal 1.0, step.inflation
+  end
+
+  # A cache of 3,000 entries fills in a straight line for 3,000 requests:
+  # over a window that short a leak and a filling cache look the same.
+  def test_a_straight_line_over_a_short_window_is_inconclusive_not_leak
+    short = xs(40, 75) # 2,925 requests
+    v = Verdict.judge(short, short.map { |x| 5_000_000 + 1_000 * x }, min_leak: 64)
+    assert_equal "inconclusive", v.verdict
+    assert_match(/too few to tell a leak from a cache still filling/, v.reason)
+    long = xs(40, 110) # 4,290 requests
+    assert_equal "leak", Verdict.judge(long, long.map { |x| 5_000_000 + 1_000 * x }, min_leak: 64).verdict
+  end
+
+  def test_to_h_reports_the_effective_sample_count
+    x = xs(50)
+    h = Fit.of(x, x.map { |v| 3 * v }).to_h
+    assert_equal 50, h[:samples]
+    assert_equal 50.0, h[:effective_samples]
+  end
+
   def test_many_samples_use_sampled_pairs_and_stay_accurate
     x = xs(1_000, 10)
     fit = Fit.of(x, x.map { |v| 50 * v + (v % 7) * 1000 })
