@@ -17,11 +17,12 @@ module Memkit
     def initialize(workers: 4, requests: 400, server: nil, out: $stdout)
       @workers = workers
       @requests = requests
-      @server = server || (gem_available?("unicorn") ? "unicorn" : "puma")
+      @explicit = !server.nil?
+      @server = server || (gem_available?("unicorn") || !gem_available?("puma") ? "unicorn" : "puma")
       @out = out
       @retried = 0
       raise InvalidArgument, "server: #{@server.inspect} (unicorn or puma)" unless %w[unicorn puma].include?(@server)
-      raise Error, "memkit demo needs the #{@server} gem: run `bundle install` first" unless gem_available?(@server)
+      raise Error, missing_server_message unless gem_available?(@server)
     end
 
     # Yields the master pid once all workers are up and the requests are done,
@@ -162,6 +163,14 @@ module Memkit
       rescue Errno::ESRCH, Errno::ECHILD
         nil
       end
+    end
+
+    # The demo's default is Unicorn, with Puma as the fallback: name what to
+    # install, the way this process was started (a bundle, or plain gems).
+    def missing_server_message
+      wanted = @explicit ? "the #{@server} gem" : "the unicorn gem (or puma)"
+      how = defined?(Bundler) ? "add it to the Gemfile and run `bundle install`" : "`gem install #{@server}`"
+      "memkit demo needs #{wanted}: #{how}"
     end
 
     def gem_available?(name)
