@@ -21,7 +21,7 @@ module Memkit
     # hook also writes the record at once, so a replacement takes over its
     # predecessor's record before its first request.
     class Recorder
-      Identity = Struct.new(:pid, :role, :worker, :master, :dir, keyword_init: true)
+      Identity = Struct.new(:pid, :start, :role, :worker, :master, :dir, keyword_init: true)
 
       @lock = Mutex.new
       @writing = Mutex.new # one writer at a time per process: Puma's threads share the temporary file's name
@@ -44,7 +44,8 @@ module Memkit
 
           master = master ? ProcFS.pid!(master) : Title.master(Process.ppid)
           @lock.synchronize do
-            @identity = Identity.new(pid: Process.pid, role: role, worker: index, master: master,
+            @identity = Identity.new(pid: Process.pid, start: Store.start_time(Process.pid), role: role,
+                                     worker: index, master: master,
                                      dir: (dir || Store.default_dir(master)).to_s)
           end
           record(force: true)
@@ -61,7 +62,8 @@ module Memkit
             role, index = Title.parse(Tree.command(Process.pid))
             master = role ? Title.master(Process.ppid) : Process.pid
             @written_at = nil
-            @identity = Identity.new(pid: Process.pid, role: role || :master, worker: index, master: master,
+            @identity = Identity.new(pid: Process.pid, start: Store.start_time(Process.pid), role: role || :master,
+                                     worker: index, master: master,
                                      dir: (dir || Store.default_dir(master)).to_s)
           end
         end
@@ -78,8 +80,8 @@ module Memkit
 
           begin
             @written_at = now
-            record = { pid: id.pid, role: id.role, worker: id.worker, master: id.master }
-            Store.new(id.dir).write(record.merge(Counters.read))
+            record = { pid: id.pid, start: id.start, role: id.role, worker: id.worker, master: id.master }
+            Store.new(dir || id.dir).write(record.merge(Counters.read))
           ensure
             @writing.unlock
           end
