@@ -30,6 +30,9 @@ module Memkit
   class Metrics
     CONTENT_TYPE = Exposition::CONTENT_TYPE
 
+    # Only an exporter outside the server needs it.
+    autoload :Server, File.expand_path("metrics/server", __dir__)
+
     PROCESS = {
       rss: "Resident set size: every resident page, shared ones included.",
       pss: "Proportional set size: each shared page divided among the processes sharing it.",
