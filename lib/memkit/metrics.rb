@@ -30,6 +30,9 @@ module Memkit
   class Metrics
     CONTENT_TYPE = Exposition::CONTENT_TYPE
 
+    # Only an exporter outside the server needs it.
+    autoload :Server, File.expand_path("metrics/server", __dir__)
+
     PROCESS = {
       rss: "Resident set size: every resident page, shared ones included.",
       pss: "Proportional set size: each shared page divided among the processes sharing it.",
@@ -67,7 +70,9 @@ module Memkit
       unless root == :auto || (root.is_a?(Integer) && root.positive?)
         raise InvalidArgument, "Memkit::Metrics: root must be :auto or a pid (got #{root.inspect})"
       end
-      raise InvalidArgument, "Memkit::Metrics container: expected a callable, got #{container.inspect}" if container && !container.respond_to?(:call)
+      if container && !container.respond_to?(:call)
+        raise InvalidArgument, "Memkit::Metrics container: expected a callable, got #{container.inspect}"
+      end
 
       @root = root
       @gc = gc
@@ -142,7 +147,8 @@ module Memkit
         return if @up == up || (@up.nil? && up)
 
         @up = up
-        @logger&.puts(up ? "memkit metrics: pid #{pid} is back" : "memkit metrics: #{error}; serving memkit_target_up 0")
+        line = up ? "pid #{pid} is back" : "#{error}; serving memkit_target_up 0"
+        @logger&.puts("memkit metrics: #{line}")
       end
     end
 
@@ -217,7 +223,8 @@ module Memkit
         TREE.each do |field, help|
           out.gauge("memkit_tree_#{field}_bytes", help, [[{}, tree.public_send("total_#{field}")]])
         end
-        out.gauge("memkit_tree_processes", "Processes in the tree: the master and its descendants.", [[{}, tree.nodes.size]])
+        out.gauge("memkit_tree_processes", "Processes in the tree: the master and its descendants.",
+                  [[{}, tree.nodes.size]])
         master_rss = tree.root.memory.rss
         out.gauge("memkit_worker_shared_with_master_ratio",
                   "A worker's shared pages over the master's rss: how much of the master it still shares " \
@@ -231,7 +238,8 @@ module Memkit
         return unless container
 
         reading = container.call or return
-        { limit: "The container's memory limit.", usage: "The container's memory usage, page cache included." }.each do |key, help|
+        helps = { limit: "The container's memory limit.", usage: "The container's memory usage, page cache included." }
+        helps.each do |key, help|
           value = reading[key]
           out.gauge("memkit_container_memory_#{key}_bytes", help, [[{}, value]]) if value
         end
@@ -260,7 +268,8 @@ module Memkit
         ["memkit_oobgc_inside_request_runs_total", "GC runs that still happened while a request was being served.",
          { oobgc_inside_minor: { kind: "minor" }, oobgc_inside_major: { kind: "major" } }],
         ["memkit_oobgc_time_seconds_total", "Time spent in GC runs started by Memkit::OobGC.", { oobgc_seconds: {} }],
-        ["memkit_oobgc_watched_runs_total", "GC runs left to Ruby while a new worker's heap settled.", { oobgc_watched: {} }]
+        ["memkit_oobgc_watched_runs_total", "GC runs left to Ruby while a new worker's heap settled.",
+         { oobgc_watched: {} }]
       ].freeze
 
       GAUGES = [
@@ -288,7 +297,8 @@ module Memkit
         end
         limit_keys = with.flat_map { |_, r| r.keys.grep(/\Amemory_limit_/) }.uniq.sort
         limit_keys.each do |key|
-          out.counter("memkit_#{key}_total", "Memkit::MemoryLimit's #{key.to_s.delete_prefix('memory_limit_')} counter.",
+          what = key.to_s.delete_prefix("memory_limit_")
+          out.counter("memkit_#{key}_total", "Memkit::MemoryLimit's #{what} counter.",
                       with.filter_map { |p, r| [p.labels, r[key]] if r.key?(key) })
         end
       end

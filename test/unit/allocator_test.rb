@@ -12,10 +12,10 @@ class AllocatorTest < Minitest::Test
 
   def test_names_the_library_mapped
     assert_equal "glibc", Memkit::Allocator.name_from_maps(GLIBC_MAPS)
-    jemalloc = GLIBC_MAPS + "7f1c2c000000-7f1c2c0a0000 r-xp 00000000 fe:01 42 /usr/lib/x86_64-linux-gnu/libjemalloc.so.2\n"
-    assert_equal "jemalloc", Memkit::Allocator.name_from_maps(jemalloc)
-    assert_equal "tcmalloc", Memkit::Allocator.name_from_maps(GLIBC_MAPS + "7f00-7f01 r-xp 0 0:0 1 /usr/lib/libtcmalloc_minimal.so.4\n")
-    assert_equal "mimalloc", Memkit::Allocator.name_from_maps(GLIBC_MAPS + "7f00-7f01 r-xp 0 0:0 1 /usr/lib/libmimalloc.so.2\n")
+    with = ->(path) { Memkit::Allocator.name_from_maps("#{GLIBC_MAPS}7f00-7f01 r-xp 0 0:0 1 #{path}\n") }
+    assert_equal "jemalloc", with.("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+    assert_equal "tcmalloc", with.("/usr/lib/libtcmalloc_minimal.so.4")
+    assert_equal "mimalloc", with.("/usr/lib/libmimalloc.so.2")
     # Bytes that are not UTF-8 in a mapped file's name do not stop the scan.
     assert_equal "jemalloc", Memkit::Allocator.name_from_maps("7f00-7f01 r-xp 0 0:0 1 /opt/\xFF/libjemalloc.so.2\n".b)
   end
@@ -23,7 +23,8 @@ class AllocatorTest < Minitest::Test
   def test_arena_settings_from_the_environment
     assert_equal({ arena_max: nil, malloc_conf: nil }, Memkit::Allocator.settings({}))
     assert_equal({ arena_max: "2", malloc_conf: nil }, Memkit::Allocator.settings("MALLOC_ARENA_MAX" => "2"))
-    tunables = { "GLIBC_TUNABLES" => "glibc.malloc.trim_threshold=1:glibc.malloc.arena_max=4", "MALLOC_ARENA_MAX" => "2" }
+    tunables = { "GLIBC_TUNABLES" => "glibc.malloc.trim_threshold=1:glibc.malloc.arena_max=4",
+                 "MALLOC_ARENA_MAX" => "2" }
     assert_equal "4", Memkit::Allocator.settings(tunables)[:arena_max]
     assert_equal "narenas:2", Memkit::Allocator.settings("MALLOC_CONF" => "narenas:2")[:malloc_conf]
   end
@@ -43,7 +44,8 @@ class AllocatorTest < Minitest::Test
     assert_equal Memkit::Allocator.name_from_maps(File.read("/proc/self/maps")), allocator.name
     assert allocator.environ_readable
     unless ENV.key?("GLIBC_TUNABLES")
-      ENV["MALLOC_ARENA_MAX"] ? assert_equal(ENV["MALLOC_ARENA_MAX"], allocator.arena_max) : assert_nil(allocator.arena_max)
+      expected = ENV.fetch("MALLOC_ARENA_MAX", nil)
+      expected ? assert_equal(expected, allocator.arena_max) : assert_nil(allocator.arena_max)
     end
     assert_raises(Memkit::NoSuchProcess) { Memkit::Allocator.read(dead_pid) }
   end

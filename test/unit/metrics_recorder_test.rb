@@ -69,7 +69,9 @@ class MetricsRecorderTest < Minitest::Test
           app.call("rack.after_reply" => hooks)
           hooks.each(&:call)
         end
-        raise "expected one log line, got #{log.string.inspect}" unless log.string.lines.size == 1 && log.string.include?("left out of scrapes")
+        lines = log.string.lines
+        one = lines.size == 1 && lines[0].include?("left out of scrapes")
+        raise "expected one log line, got #{lines.inspect}" unless one
       end
     end
   end

@@ -40,6 +40,15 @@ class MetricsStoreTest < Minitest::Test
     assert_equal ["worker-1"], Dir.children(@store.dir)
   end
 
+  # A worker promoted to mold (Pitchfork) writes a new record under its pid
+  # while its worker-N file waits for its successor: the newer one counts.
+  def test_the_newer_record_of_one_process_wins
+    @store.write({ pid: Process.pid, role: :worker, worker: 0 })
+    File.utime(Time.now - 5, Time.now - 5, File.join(@store.dir, "worker-0"))
+    @store.write({ pid: Process.pid, role: :mold })
+    assert_equal "mold", @store.read.fetch(Process.pid)[:role]
+  end
+
   # A pid reused by another process has another start time.
   def test_a_reused_pid_is_not_taken_for_its_writer
     @store.write({ pid: Process.pid, role: :worker, worker: 0, start: Store.start_time(Process.pid) - 1 })

@@ -13,10 +13,10 @@ module Memkit
       def call(argv)
         parse(argv, "--pid PID [--listen HOST:PORT] [--once] [--dir DIR]") do |o|
           o.on("--pid PID", "the server's master: the root of the tree to export") { |p| options[:pid] = p }
-          o.on("--listen HOST:PORT", "address to serve /metrics on (default #{DEFAULT_LISTEN}; port 0 picks one)") do |l|
+          o.on("--listen HOST:PORT", "where to serve /metrics (default #{DEFAULT_LISTEN}; port 0 picks one)") do |l|
             options[:listen] = l
           end
-          o.on("--once", "print the exposition once to stdout and exit (1 if the tree is gone)") { options[:once] = true }
+          o.on("--once", "print the page once to stdout and exit (1 if the tree is gone)") { options[:once] = true }
           o.on("--dir DIR", "where the workers leave their counters (default: per master, under the temp dir)") do |d|
             options[:dir] = d
           end
@@ -51,7 +51,9 @@ module Memkit
         listen = options[:listen] || DEFAULT_LISTEN
         host, port = listen.include?(":") ? listen.split(/:(?=\d+\z)/, 2) : ["127.0.0.1", listen]
         host = host.delete_prefix("[").delete_suffix("]")
-        raise UsageError, "--listen: not HOST:PORT: #{options[:listen].inspect}" unless port&.match?(/\A\d+\z/) && port.to_i < 65_536
+        unless port&.match?(/\A\d+\z/) && port.to_i < 65_536
+          raise UsageError, "--listen: not HOST:PORT: #{options[:listen].inspect}"
+        end
 
         [host.empty? ? "127.0.0.1" : host, port.to_i]
       end

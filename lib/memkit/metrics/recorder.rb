@@ -21,7 +21,7 @@ module Memkit
     # hook also writes the record at once, so a replacement takes over its
     # predecessor's record before its first request.
     class Recorder
-      Identity = Struct.new(:pid, :role, :worker, :master, :dir, keyword_init: true)
+      Identity = Struct.new(:pid, :start, :role, :worker, :master, :dir, keyword_init: true)
 
       @lock = Mutex.new
       @writing = Mutex.new # one writer at a time per process: Puma's threads share the temporary file's name
@@ -35,15 +35,17 @@ module Memkit
         # (default: found from the process titles, see Title.master). dir:
         # the Store directory (default: Store.default_dir(master)).
         def boot(index, role: :worker, master: nil, dir: nil)
-          index = index.nil? ? nil : Integer(index)
-          raise InvalidArgument, "Memkit::Metrics.worker_booted: index must be >= 0 (got #{index})" if index&.negative?
-
-          role = role.to_sym
-          raise InvalidArgument, "Memkit::Metrics.worker_booted role: :worker or :mold, not #{role.inspect}" unless %i[worker mold].include?(role)
+          unless index.nil? || (index.is_a?(Integer) && index >= 0)
+            raise InvalidArgument, "Memkit::Metrics.worker_booted: index must be an Integer >= 0 (got #{index.inspect})"
+          end
+          unless %i[worker mold].include?(role)
+            raise InvalidArgument, "Memkit::Metrics.worker_booted role: :worker or :mold, not #{role.inspect}"
+          end
 
           master = master ? ProcFS.pid!(master) : Title.master(Process.ppid)
           @lock.synchronize do
-            @identity = Identity.new(pid: Process.pid, role: role, worker: index, master: master,
+            @identity = Identity.new(pid: Process.pid, start: Store.start_time(Process.pid), role: role,
+                                     worker: index, master: master,
                                      dir: (dir || Store.default_dir(master)).to_s)
           end
           record(force: true)
@@ -60,7 +62,8 @@ module Memkit
             role, index = Title.parse(Tree.command(Process.pid))
             master = role ? Title.master(Process.ppid) : Process.pid
             @written_at = nil
-            @identity = Identity.new(pid: Process.pid, role: role || :master, worker: index, master: master,
+            @identity = Identity.new(pid: Process.pid, start: Store.start_time(Process.pid), role: role || :master,
+                                     worker: index, master: master,
                                      dir: (dir || Store.default_dir(master)).to_s)
           end
         end
@@ -77,7 +80,8 @@ module Memkit
 
           begin
             @written_at = now
-            Store.new(id.dir).write({ pid: id.pid, role: id.role, worker: id.worker, master: id.master, **Counters.read })
+            record = { pid: id.pid, start: id.start, role: id.role, worker: id.worker, master: id.master }
+            Store.new(dir || id.dir).write(record.merge(Counters.read))
           ensure
             @writing.unlock
           end
@@ -98,7 +102,9 @@ module Memkit
       # interval: the least number of seconds between two writes by one
       # worker. dir: the Store directory, when not the default one.
       def initialize(app, interval: 1.0, dir: nil, logger: $stderr)
-        raise InvalidArgument, "Memkit::Metrics::Recorder interval: expected seconds >= 0, got #{interval.inspect}" unless interval.is_a?(Numeric) && interval >= 0
+        unless interval.is_a?(Numeric) && interval >= 0
+          raise InvalidArgument, "Memkit::Metrics::Recorder interval: expected seconds >= 0, got #{interval.inspect}"
+        end
 
         @app = app
         @interval = interval
@@ -108,7 +114,8 @@ module Memkit
 
       def call(env)
         status, headers, body = @app.call(env)
-        [status, headers, AfterReply.register(env, body) { Recorder.record(interval: @interval, dir: @dir, logger: @logger) }]
+        body = AfterReply.register(env, body) { Recorder.record(interval: @interval, dir: @dir, logger: @logger) }
+        [status, headers, body]
       end
     end
 

@@ -28,8 +28,11 @@ module Memkit
       def initialize(app, host: DEFAULT_HOST, port: DEFAULT_PORT, read_timeout: 5, tick: 0.5, on_tick: nil)
         @app = app
         @host = host
-        @port = Integer(port)
-        raise InvalidArgument, "Memkit::Metrics::Server port: expected 0..65535, got #{port.inspect}" unless (0..65_535).cover?(@port)
+        unless port.is_a?(Integer) && (0..65_535).cover?(port)
+          raise InvalidArgument, "Memkit::Metrics::Server port: expected an Integer 0..65535, got #{port.inspect}"
+        end
+
+        @port = port
 
         @read_timeout = read_timeout
         @tick = tick

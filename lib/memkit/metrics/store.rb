@@ -60,15 +60,22 @@ module Memkit
       end
 
       # {pid => record} for the records whose process is alive and is the one
-      # that wrote it. A missing directory is an empty store.
+      # that wrote it. A missing directory is an empty store. When one process
+      # has two (a Pitchfork worker promoted to mold keeps its worker-N file
+      # until its successor takes it), the newer one is what it is now.
       def read(root: "/proc")
+        written = {}
         Dir.children(@dir).each_with_object({}) do |name, records|
           next unless name.match?(/\A(worker-\d+|pid-\d+)\z/)
 
           path = File.join(@dir, name)
+          mtime = File.mtime(path)
           record = self.class.load(File.read(path))
           pid = record[:pid]
           if pid && record[:start] && self.class.start_time(pid, root: root) == record[:start]
+            next if written[pid] && written[pid] > mtime
+
+            written[pid] = mtime
             records[pid] = record
           elsif name.start_with?("pid-")
             File.unlink(path) # its writer is gone and nothing else writes that name
