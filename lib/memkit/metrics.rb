@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "allocator"
+require_relative "cgroup"
 require_relative "metrics/exposition"
 require_relative "metrics/title"
 require_relative "metrics/store"
@@ -63,14 +64,16 @@ module Memkit
     #   answering: a preloading master), never a wrapper above it.
     # gc: report this process's own GC counters when it keeps no record.
     # dir: the Store directory of the workers' records (default: per master).
-    # container: a callable returning {limit:, usage:} in bytes (either may
-    #   be nil) for the container the server runs in, or nil for none.
+    # container: :auto reads the memory cgroup of the tree's root
+    #   (Memkit::Cgroup; nothing is exported where there is none), or a
+    #   callable returning {limit:, usage:} in bytes (either may be nil), or
+    #   nil for none.
     # logger: gets one line when the tree goes away (and when it is back).
-    def initialize(root: :auto, gc: true, dir: nil, container: nil, logger: nil)
+    def initialize(root: :auto, gc: true, dir: nil, container: :auto, logger: nil)
       unless root == :auto || (root.is_a?(Integer) && root.positive?)
         raise InvalidArgument, "Memkit::Metrics: root must be :auto or a pid (got #{root.inspect})"
       end
-      if container && !container.respond_to?(:call)
+      if container && container != :auto && !container.respond_to?(:call)
         raise InvalidArgument, "Memkit::Metrics container: expected a callable, got #{container.inspect}"
       end
 
@@ -172,7 +175,7 @@ module Memkit
         records = Store.new(dir || Store.default_dir(tree.pid)).read
         procs = label(tree, records)
         process_families(out, procs)
-        tree_families(out, tree, procs, container)
+        tree_families(out, tree, procs, container == :auto ? cgroup_of(tree.pid) : container)
         allocator_family(out, procs)
         own = procs.find { |p| p.node.pid == Process.pid }
         if gc && own && !records.key?(Process.pid)
@@ -232,6 +235,17 @@ module Memkit
                   procs.select { |p| p.role == "worker" && master_rss.positive? }
                        .map { |p| [p.labels, p.node.memory.shared.fdiv(master_rss)] })
         container_families(out, container)
+      end
+
+      # The root's memory cgroup as the container reading, or nil where it
+      # has none (not Linux, no memory controller) or it cannot be read.
+      def cgroup_of(pid)
+        lambda do
+          reading = Cgroup.read(pid)
+          { limit: reading.limit, usage: reading.usage }
+        rescue Error
+          nil
+        end
       end
 
       def container_families(out, container)
