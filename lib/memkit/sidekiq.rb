@@ -114,7 +114,8 @@ module Memkit
         @attached = false
         @quiet = false
         unless stop == :signals || stop.respond_to?(:call)
-          raise InvalidArgument, "Memkit::Sidekiq::Middleware: stop must be :signals or a callable (got #{stop.inspect})"
+          raise InvalidArgument,
+                "Memkit::Sidekiq::Middleware: stop must be :signals or a callable (got #{stop.inspect})"
         end
 
         job = lambda do |env|
