@@ -2,6 +2,7 @@
 
 require "test_helper"
 require "support/redis"
+require "memkit/sidekiq"
 
 # Real redis-server, real Sidekiq processes, a tiny supervisor that starts a
 # new Sidekiq whenever one exits (as systemd or Kubernetes would), and a job
@@ -37,6 +38,24 @@ class SidekiqTest < Minitest::Test
       end
     end
   RUBY
+
+  # The middleware alone, no Sidekiq: Sidekiq builds a new middleware object
+  # per job from the Hash given to chain.add; the process-wide state must
+  # still stop the process once, with one line, however many jobs cross.
+  def test_one_stop_and_one_line_per_process_across_middleware_objects
+    stops = []
+    log = StringIO.new
+    options = { max_jobs: 5, jitter: 0, logger: log, stop: ->(reason) { stops << reason } }
+    threads = Array.new(4) do
+      Thread.new { 10.times { Memkit::Sidekiq::Middleware.new(options).call(nil, {}, "default") { :ran } } }
+    end
+    threads.each(&:join)
+    assert_equal 1, stops.size
+    assert_match(/\Aserved \d+ jobs/, stops.first)
+    assert_equal 1, log.string.lines.size
+    assert_match(/\Amemkit: sidekiq #{Process.pid} served \d+ jobs .*; quieting it/, log.string)
+    assert_raises(Memkit::InvalidArgument) { Memkit::Sidekiq::Middleware.new(max_jobs: 1, stop: :nope) }
+  end
 
   # Two jobs at a time on a full queue: the process is almost never idle, so
   # OobGC finds few moments between jobs; the limit is what this one tests.
