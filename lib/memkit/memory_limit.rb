@@ -2,7 +2,6 @@
 
 require_relative "after_reply"
 require_relative "cgroup"
-require_relative "memory_limit/tree_policy"
 
 module Memkit
   # Rack middleware that has a bloated worker replaced, gracefully, by the
@@ -426,3 +425,6 @@ module Memkit
     end
   end
 end
+
+# After the class: TreePolicy reopens it (Memkit autoloads MemoryLimit from this file).
+require_relative "memory_limit/tree_policy"
