@@ -203,6 +203,7 @@ module Memkit
         @requests += 1
         @reason = check
       end
+      reason ||= tree_reason
       return unless reason
 
       @server == :puma && @replace == :auto ? drain_then_replace : replace(reason)
@@ -259,7 +260,23 @@ module Memkit
         return "served #{@requests} requests (limit #{max_req} = #{@max_requests} less jitter)"
       end
 
-      uss_check || tree_check
+      uss_check
+    end
+
+    # Reads the tree outside the lock (it takes milliseconds per process, and
+    # the other threads' requests take the lock as they start), at most every
+    # tree_check_interval seconds; claims the replacement under the lock.
+    def tree_reason
+      return unless @max_tree_pss
+
+      due = @lock.synchronize do
+        now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        next false if @reason || now < @next_tree_check
+
+        @next_tree_check = now + @tree_check_interval
+      end
+      reason = due && tree_check
+      reason && @lock.synchronize { @reason ? nil : (@reason = reason) }
     end
 
     # The server tree is this worker's parent (the master) and everything
@@ -268,12 +285,6 @@ module Memkit
     # Pitchfork all do), only siblings whose titles do too, which leaves out
     # Pitchfork's mold and anything else the master runs.
     def tree_check
-      return unless @max_tree_pss
-
-      now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-      return if now < @next_tree_check
-
-      @next_tree_check = now + @tree_check_interval
       tree = Memkit.tree(Process.ppid)
       me = Process.pid
       # The title as the kernel shows it: Pitchfork sets it with setproctitle,
