@@ -79,7 +79,11 @@ class PitchforkTest < Minitest::Test
         assert_operator replaced.size, :>=, 3, log[-3000..]
         assert_equal replaced.uniq, replaced
         # Pitchfork saw each replaced worker exit cleanly, and forked others.
-        replaced.each { |pid| assert_match(/pid=#{pid} .*reaped .*exit 0/, log) }
+        replaced.each do |pid|
+          wait_until(timeout: 30, message: "Pitchfork reaping worker #{pid} (exit 0)") do
+            server.log_text.match?(/pid=#{pid} .*reaped .*exit 0/)
+          end
+        end
         refute_includes replaced, mold_pid
         puts "\npitchfork: #{served} requests, #{seen.size} worker pids, #{replaced.size} replacements, 0 failed; " \
              "warm-up in mold #{mold_pid}: #{warm[3]}"
