@@ -116,7 +116,8 @@ def run(kind, options)
     hook = log.scan(/from Puma's out_of_band hook/).size
     Memkit::ServersHelper.stop_server(server)
     server = nil
-    puts format("%-12s threads %d  requests %d  ok %d  failed %d  replacements logged %d (from the hook %d)  worker pids seen %d  %.0fs",
+    puts format("%-12s threads %d  requests %d  ok %d  failed %d  replacements logged %d (from the hook %d)  " \
+                "worker pids seen %d  %.0fs",
                 kind, options[:threads], per * options[:clients], ok, fails.size, replaced, hook, seen.size, seconds)
     fails.tally.first(5).each { |f, n| puts "  #{n} x #{f}" }
     errors = log.lines.grep(/ERROR|[Ee]xception|Errno/).reject { |l| l.include?("memkit: worker") }

@@ -92,7 +92,8 @@ module Memkit
       events["failcnt"] = integer(failcnt) if File.exist?(failcnt)
       oom = key_values(File.join(dir, "memory.oom_control"), optional: true)
       events["oom_kill"] = oom.fetch("oom_kill") if oom.key?("oom_kill")
-      Reading.new(version: 1, path: dir, limit: limit, high: nil, usage: integer(File.join(dir, "memory.usage_in_bytes")),
+      usage = integer(File.join(dir, "memory.usage_in_bytes"))
+      Reading.new(version: 1, path: dir, limit: limit, high: nil, usage: usage,
                   inactive_file: stat.fetch("total_inactive_file") { stat.fetch("inactive_file", 0) }, events: events,
                   limited_at: limited_at)
     end
@@ -194,7 +195,9 @@ module Memkit
     def read_text(file)
       File.read(file)
     rescue Errno::ENOENT, Errno::ESRCH => e
-      raise NoSuchProcess, "no such process: pid #{@pid} (#{file})" if file.include?("/#{@pid}/") && @pid != "self" && @root == "/"
+      if file.include?("/#{@pid}/") && @pid != "self" && @root == "/"
+        raise NoSuchProcess, "no such process: pid #{@pid} (#{file})"
+      end
 
       raise NotFound, "cannot read #{file}: #{e.message}"
     rescue Errno::EACCES => e

@@ -365,13 +365,15 @@ module Memkit
     def cgroup_memory
       cgroup = Cgroup.read(target)
       value = { "version" => cgroup.version, "path" => cgroup.path, "max" => cgroup.limit, "current" => cgroup.usage }
-      return check("cgroup.memory", value, :ok, "no limit on #{cgroup.path}; usage #{Units.human(cgroup.usage)}") unless cgroup.limited?
+      unless cgroup.limited?
+        return check("cgroup.memory", value, :ok, "no limit on #{cgroup.path}; usage #{Units.human(cgroup.usage)}")
+      end
 
       used = cgroup.usage.fdiv(cgroup.limit)
       status = level(used, warn: 0.75)
       check("cgroup.memory", value, status,
-            "#{Units.human(cgroup.usage)} of #{Units.human(cgroup.limit)} (#{(used * 100).round}%) used, page cache included; " \
-            "at the limit the kernel reclaims cache, then OOM-kills inside the container")
+            "#{Units.human(cgroup.usage)} of #{Units.human(cgroup.limit)} (#{(used * 100).round}%) used, " \
+            "page cache included; at the limit the kernel reclaims cache, then OOM-kills inside the container")
     rescue Cgroup::NotFound
       check("cgroup.memory", nil, :ok, "no memory cgroup controller mounted: no container limit")
     rescue ParseError, PermissionDenied => e

@@ -3,7 +3,6 @@
 require_relative "after_reply"
 require_relative "libc"
 require_relative "cgroup"
-require_relative "memory_limit/tree_policy"
 
 module Memkit
   # Rack middleware that has a bloated worker replaced, gracefully, by the
@@ -154,14 +153,19 @@ module Memkit
         raise InvalidArgument, "#{name}: give max_uss: (e.g. \"300MB\"), max_tree_pss: (e.g. \"80%\") or max_requests:"
       end
       unless @tree_check_interval.is_a?(Numeric) && @tree_check_interval >= 0
-        raise InvalidArgument, "#{name}: tree_check_interval must be a number of seconds (got #{@tree_check_interval.inspect})"
+        raise InvalidArgument,
+              "#{name}: tree_check_interval must be a number of seconds (got #{@tree_check_interval.inspect})"
       end
       raise InvalidArgument, "#{name}: max_uss must be more than 0 (got #{@max_uss})" if @max_uss&.zero?
       unless @max_requests.nil? || (@max_requests.is_a?(Integer) && @max_requests.positive?)
         raise InvalidArgument, "#{name}: max_requests must be a positive Integer (got #{@max_requests.inspect})"
       end
-      raise InvalidArgument, "#{name}: jitter must be between 0 and 0.9 (got #{@jitter.inspect})" unless @jitter.is_a?(Numeric) && @jitter >= 0 && @jitter <= 0.9
-      raise InvalidArgument, "#{name}: check_every must be a positive Integer (got #{@check_every.inspect})" unless @check_every.is_a?(Integer) && @check_every.positive?
+      unless @jitter.is_a?(Numeric) && @jitter >= 0 && @jitter <= 0.9
+        raise InvalidArgument, "#{name}: jitter must be between 0 and 0.9 (got #{@jitter.inspect})"
+      end
+      unless @check_every.is_a?(Integer) && @check_every.positive?
+        raise InvalidArgument, "#{name}: check_every must be a positive Integer (got #{@check_every.inspect})"
+      end
       return if @replace == :auto || @replace.respond_to?(:call)
 
       begin
@@ -200,6 +204,7 @@ module Memkit
         @requests += 1
         @reason = check
       end
+      reason ||= tree_reason
       return unless reason
 
       @server == :puma && @replace == :auto ? drain_then_replace : replace(reason)
@@ -256,7 +261,23 @@ module Memkit
         return "served #{@requests} requests (limit #{max_req} = #{@max_requests} less jitter)"
       end
 
-      uss_check || tree_check
+      uss_check
+    end
+
+    # Reads the tree outside the lock (it takes milliseconds per process, and
+    # the other threads' requests take the lock as they start), at most every
+    # tree_check_interval seconds; claims the replacement under the lock.
+    def tree_reason
+      return unless @max_tree_pss
+
+      due = @lock.synchronize do
+        now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        next false if @reason || now < @next_tree_check
+
+        @next_tree_check = now + @tree_check_interval
+      end
+      reason = due && tree_check
+      reason && @lock.synchronize { @reason ? nil : (@reason = reason) }
     end
 
     # The server tree is this worker's parent (the master) and everything
@@ -265,12 +286,6 @@ module Memkit
     # Pitchfork all do), only siblings whose titles do too, which leaves out
     # Pitchfork's mold and anything else the master runs.
     def tree_check
-      return unless @max_tree_pss
-
-      now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-      return if now < @next_tree_check
-
-      @next_tree_check = now + @tree_check_interval
       tree = Memkit.tree(Process.ppid)
       me = Process.pid
       # The title as the kernel shows it: Pitchfork sets it with setproctitle,
@@ -280,7 +295,8 @@ module Memkit
       limit = @tree_share ? (cgroup_reading(:max_tree_pss).limit.to_i * @tree_share).round : @max_tree_pss
       return if limit.zero? # the container's limit is gone
 
-      reason = TreePolicy.new(limit: limit).decide(tree_pss: tree.total_pss, workers: workers.to_h { |n| [n.pid, n.memory.uss] }, me: me)
+      sizes = workers.to_h { |n| [n.pid, n.memory.uss] }
+      reason = TreePolicy.new(limit: limit).decide(tree_pss: tree.total_pss, workers: sizes, me: me)
       reason && "#{reason} after #{@requests} requests"
     rescue Memkit::Error => e
       log "memkit: worker #{Process.pid} could not read the server tree (#{e.message}); will try again"
@@ -322,10 +338,17 @@ module Memkit
         how.call(reason)
       elsif how
         signal = how.to_s.delete_prefix("SIG").upcase
-        log "memkit: worker #{Process.pid} #{reason}; asking #{@server || 'the server'} to replace it (SIG#{signal}#{@via_hook ? ", from Puma's out_of_band hook" : ''})"
+        from = @via_hook ? ", from Puma's out_of_band hook" : ""
+        server = @server || "the server"
+        log "memkit: worker #{Process.pid} #{reason}; asking #{server} to replace it (SIG#{signal}#{from})"
         Process.kill(signal, Process.pid)
       else
-        log "memkit: worker #{Process.pid} #{reason}; not restarting it: #{@server ? 'Puma in single mode has no master to start a new worker' : 'unknown server (SERVER_SOFTWARE ' + @software.inspect + '); pass replace: to MemoryLimit'}"
+        why = if @server
+                "Puma in single mode has no master to start a new worker"
+              else
+                "unknown server (SERVER_SOFTWARE #{@software.inspect}); pass replace: to MemoryLimit"
+              end
+        log "memkit: worker #{Process.pid} #{reason}; not restarting it: #{why}"
       end
     end
 
@@ -381,7 +404,8 @@ module Memkit
       when Cgroup::Reading then @cgroup
       when nil then Cgroup.read
       when String then Cgroup.read(root: @cgroup)
-      else raise InvalidArgument, "Memkit::MemoryLimit cgroup: must be nil, a root directory or a Memkit::Cgroup::Reading"
+      else
+        raise InvalidArgument, "Memkit::MemoryLimit cgroup: must be nil, a root directory or a Memkit::Cgroup::Reading"
       end
     rescue Cgroup::NotFound => e
       raise InvalidArgument, "Memkit::MemoryLimit #{option}: a \"%\" limit needs a memory cgroup: #{e.message}"
@@ -392,3 +416,6 @@ module Memkit
     end
   end
 end
+
+# After the class: TreePolicy reopens it (Memkit autoloads MemoryLimit from this file).
+require_relative "memory_limit/tree_policy"

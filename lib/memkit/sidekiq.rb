@@ -114,7 +114,8 @@ module Memkit
         @attached = false
         @quiet = false
         unless stop == :signals || stop.respond_to?(:call)
-          raise InvalidArgument, "Memkit::Sidekiq::Middleware: stop must be :signals or a callable (got #{stop.inspect})"
+          raise InvalidArgument,
+                "Memkit::Sidekiq::Middleware: stop must be :signals or a callable (got #{stop.inspect})"
         end
 
         job = lambda do |env|
@@ -145,9 +146,11 @@ module Memkit
         end
         return unless first
 
+        # MemoryLimit counts requests; here each one is a job.
+        reason = reason.gsub(/\brequests\b/, "jobs")
         stats = OobGC.stats
         log format("memkit: sidekiq %d %s; quieting it and stopping it once its jobs are done (GC between jobs: " \
-                   "%d minor, %d major; inside jobs: %d)", Process.pid, reason.gsub(/\brequests\b/, "jobs"),
+                   "%d minor, %d major; inside jobs: %d)", Process.pid, reason,
                    stats.oob_minor, stats.oob_major, stats.inside_total)
         return @stop.call(reason) unless @stop == :signals
 

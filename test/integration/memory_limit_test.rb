@@ -68,7 +68,8 @@ class MemoryLimitTest < Minitest::Test
     # Request 2 reaches the limit; the hook after it finds no client told to
     # close yet; request 3 gets "connection: close" and the hook after it
     # sends SIGTERM, which arrives while the hook holds Puma.
-    assert_match(/\Aclose TERM hook memkit: worker \d+ served 2 requests .*\(SIGTERM, from Puma's out_of_band hook\)\n\z/, out)
+    expected = /\Aclose TERM hook memkit: worker \d+ served 2 requests .*\(SIGTERM, from Puma's out_of_band hook\)\n\z/
+    assert_match expected, out
   end
 
   def test_under_an_unknown_server_it_logs_and_does_not_signal
@@ -114,7 +115,8 @@ class MemoryLimitTest < Minitest::Test
       # Worker N keeps 4 MiB per request up to (N + 1) x 16 MiB: the workers
       # end apart in size, whichever served more requests.
       LEAK << ("x" * (4 << 20)) if env["PATH_INFO"] == "/leak" && LEAK.size < (nr + 1) * 4
-      [200, { "content-type" => "text/plain" }, ["#{Process.pid} #{nr} #{LEAK.size == (nr + 1) * 4 ? 'full' : 'growing'}"]]
+      state = LEAK.size == (nr + 1) * 4 ? "full" : "growing"
+      [200, { "content-type" => "text/plain" }, ["#{Process.pid} #{nr} #{state}"]]
     }
   RUBY
 
@@ -208,7 +210,8 @@ class MemoryLimitTest < Minitest::Test
         survivors.each { |pid| assert_equal 1, Process.kill(0, pid), "worker #{pid} should still run" }
         assert_operator (answered.keys & survivors).size, :>=, 1, "answered by #{answered.inspect}"
         refute_includes answered.keys, largest
-        puts "\ntree limit (#{kind}): worker uss #{uss.transform_values { |v| Memkit::Units.human(v) }}; replaced #{replaced}"
+        sizes = uss.transform_values { |v| Memkit::Units.human(v) }
+        puts "\ntree limit (#{kind}): worker uss #{sizes}; replaced #{replaced}"
       ensure
         client&.close
         stop_server(server)
@@ -232,8 +235,11 @@ class MemoryLimitTest < Minitest::Test
         clients = Array.new(4) { |i| spawn_client(server.port, stop_file, File.join(dir, "client#{i}.out")) }
         seen = {}
         wait_until(timeout: 20 + 5 * wanted, interval: 0.2, message: "#{wanted} worker replacements under #{kind}") do
-          clients.each { |c| File.foreach(c[:out]) { |l| seen[l.to_i] = true if l.match?(/\A\d+$/) } if File.exist?(c[:out]) }
-          seen.size >= 2 + wanted || clients.any? { |c| Process.waitpid(c[:pid], Process::WNOHANG) && (c[:done] = true) }
+          clients.each do |c|
+            File.foreach(c[:out]) { |l| seen[l.to_i] = true if l.match?(/\A\d+$/) } if File.exist?(c[:out])
+          end
+          seen.size >= 2 + wanted ||
+            clients.any? { |c| Process.waitpid(c[:pid], Process::WNOHANG) && (c[:done] = true) }
         end
         File.write(stop_file, "")
         results = clients.map do |c|
@@ -247,7 +253,8 @@ class MemoryLimitTest < Minitest::Test
         summaries = results.map { |lines| lines.grep(/\Adone/).first.to_s }
         served = results.flatten.grep(/\A\d+\z/).size
         log = server.log_text
-        replaced = log.scan(/memkit: worker \d+ uss .* asking #{kind} to replace it \(SIG#{kind == :puma ? 'TERM' : 'QUIT'}[,)]/i)
+        signal = kind == :puma ? "TERM" : "QUIT"
+        replaced = log.scan(/memkit: worker \d+ uss .* asking #{kind} to replace it \(SIG#{signal}[,)]/i)
         assert_empty errors, "failed requests under #{kind} (#{served} served):\n#{errors.first(5).join("\n")}"
         assert_operator seen.size - 2, :>=, wanted, "worker pids seen: #{seen.size}"
         assert_operator replaced.size, :>=, wanted, "replacement log lines:\n#{log[-3000..]}"

@@ -59,7 +59,9 @@ class PitchforkTest < Minitest::Test
         clients = Array.new(3) { |i| spawn_client(server.port, stop_file, File.join(dir, "client#{i}.out")) }
         seen = {}
         wait_until(timeout: 90, interval: 0.2, message: "3 worker replacements under Pitchfork") do
-          clients.each { |c| File.foreach(c[:out]) { |l| seen[l.to_i] = true if l.match?(/\A\d+$/) } if File.exist?(c[:out]) }
+          clients.each do |c|
+            File.foreach(c[:out]) { |l| seen[l.to_i] = true if l.match?(/\A\d+$/) } if File.exist?(c[:out])
+          end
           seen.size >= 2 + 3
         end
         File.write(stop_file, "")
@@ -71,12 +73,17 @@ class PitchforkTest < Minitest::Test
         errors = lines.grep(/\AFAIL/)
         served = lines.grep(/\A\d+\z/).size
         log = server.log_text
-        replaced = log.scan(/memkit: worker (\d+) uss .* asking pitchfork to replace it \(SIGQUIT\)/).flatten.map(&:to_i)
+        replaced = log.scan(/memkit: worker (\d+) uss .* asking pitchfork to replace it \(SIGQUIT\)/).flatten
+                      .map(&:to_i)
         assert_empty errors, "failed requests (#{served} served):\n#{errors.first(5).join("\n")}"
         assert_operator replaced.size, :>=, 3, log[-3000..]
         assert_equal replaced.uniq, replaced
         # Pitchfork saw each replaced worker exit cleanly, and forked others.
-        replaced.each { |pid| assert_match(/pid=#{pid} .*reaped .*exit 0/, log) }
+        replaced.each do |pid|
+          wait_until(timeout: 30, message: "Pitchfork reaping worker #{pid} (exit 0)") do
+            server.log_text.match?(/pid=#{pid} .*reaped .*exit 0/)
+          end
+        end
         refute_includes replaced, mold_pid
         puts "\npitchfork: #{served} requests, #{seen.size} worker pids, #{replaced.size} replacements, 0 failed; " \
              "warm-up in mold #{mold_pid}: #{warm[3]}"

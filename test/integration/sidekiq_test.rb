@@ -2,6 +2,7 @@
 
 require "test_helper"
 require "support/redis"
+require "memkit/sidekiq"
 
 # Real redis-server, real Sidekiq processes, a tiny supervisor that starts a
 # new Sidekiq whenever one exits (as systemd or Kubernetes would), and a job
@@ -37,6 +38,24 @@ class SidekiqTest < Minitest::Test
       end
     end
   RUBY
+
+  # The middleware alone, no Sidekiq: Sidekiq builds a new middleware object
+  # per job from the Hash given to chain.add; the process-wide state must
+  # still stop the process once, with one line, however many jobs cross.
+  def test_one_stop_and_one_line_per_process_across_middleware_objects
+    stops = []
+    log = StringIO.new
+    options = { max_jobs: 5, jitter: 0, logger: log, stop: ->(reason) { stops << reason } }
+    threads = Array.new(4) do
+      Thread.new { 10.times { Memkit::Sidekiq::Middleware.new(options).call(nil, {}, "default") { :ran } } }
+    end
+    threads.each(&:join)
+    assert_equal 1, stops.size
+    assert_match(/\Aserved \d+ jobs/, stops.first)
+    assert_equal 1, log.string.lines.size
+    assert_match(/\Amemkit: sidekiq #{Process.pid} served \d+ jobs .*; quieting it/, log.string)
+    assert_raises(Memkit::InvalidArgument) { Memkit::Sidekiq::Middleware.new(max_jobs: 1, stop: :nope) }
+  end
 
   # Two jobs at a time on a full queue: the process is almost never idle, so
   # OobGC finds few moments between jobs; the limit is what this one tests.
@@ -104,7 +123,8 @@ class SidekiqTest < Minitest::Test
         else
           assert_operator between.sum, :>, 0, lines.join
         end
-        puts "\nsidekiq -c #{concurrency}: #{JOBS} jobs by #{by_pid.size} processes (#{by_pid.values.join(', ')} jobs each); " \
+        puts "\nsidekiq -c #{concurrency}: #{JOBS} jobs by #{by_pid.size} processes " \
+             "(#{by_pid.values.join(', ')} jobs each); " \
              "#{replaced.size} replacements; GC between jobs per process: #{between.join(', ')}"
       end
     end
@@ -123,7 +143,9 @@ class SidekiqTest < Minitest::Test
       break if redis(sock, "LLEN", "memkit:ran") >= JOBS
       flunk "a job failed:\n#{File.read(log)[-3000..]}" if redis(sock, "ZCARD", "retry").positive?
 
-      flunk "jobs did not finish within 240s:\n#{File.read(log)[-3000..]}" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+      if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+        flunk "jobs did not finish within 240s:\n#{File.read(log)[-3000..]}"
+      end
       if Process.waitpid(pid, Process::WNOHANG)
         assert $?.success?, "sidekiq #{pid} exited with #{$?.inspect}:\n#{File.read(log)[-3000..]}"
         pid = nil

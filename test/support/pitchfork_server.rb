@@ -28,7 +28,9 @@ module Memkit
       deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 60
       until ServersHelper.answering?(port, check_path)
         raise "pitchfork exited during boot:\n#{server.log_text}" if Process.waitpid(pid, Process::WNOHANG)
-        raise "pitchfork did not answer within 60s:\n#{server.log_text}" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+        if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+          raise "pitchfork did not answer within 60s:\n#{server.log_text}"
+        end
 
         sleep 0.1
       end

@@ -11,8 +11,8 @@ module Memkit
 
     # Path of redis-server, or nil when it is not installed.
     def redis_server_path
-      ENV.fetch("PATH", "").split(File::PATH_SEPARATOR).map { |d| File.join(d, "redis-server") }
-         .find { |f| File.executable?(f) } || (File.executable?("/usr/bin/redis-server") ? "/usr/bin/redis-server" : nil)
+      dirs = ENV.fetch("PATH", "").split(File::PATH_SEPARATOR) | %w[/usr/bin /usr/sbin]
+      dirs.map { |d| File.join(d, "redis-server") }.find { |f| File.executable?(f) }
     end
 
     # Yields the socket path; the server is stopped (and reaped) afterwards.
@@ -25,7 +25,9 @@ module Memkit
       deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 20
       until File.socket?(sock) && ping(sock)
         raise "redis-server exited:\n#{File.read(log)}" if Process.waitpid(pid, Process::WNOHANG)
-        raise "redis-server did not start within 20s:\n#{File.read(log)}" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+        if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+          raise "redis-server did not start within 20s:\n#{File.read(log)}"
+        end
 
         sleep 0.05
       end
