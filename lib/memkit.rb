@@ -20,6 +20,9 @@ module Memkit
   autoload :Soak, File.expand_path("memkit/soak", __dir__)
   autoload :FiberPool, File.expand_path("memkit/fiber_pool", __dir__)
   autoload :Doctor, File.expand_path("memkit/doctor", __dir__)
+  autoload :Cgroup, File.expand_path("memkit/cgroup", __dir__)
+  autoload :Allocator, File.expand_path("memkit/allocator", __dir__)
+  autoload :Libc, File.expand_path("memkit/libc", __dir__)
 
   module_function
 
