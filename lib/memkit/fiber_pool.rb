@@ -95,6 +95,11 @@ module Memkit
 
     private
 
+    # Each core sets up its state here; a subclass of FiberPool itself has none.
+    def setup(_max_idle, _max)
+      raise NotImplementedError, "#{self.class} is not a FiberPool core: subclass Memkit::FiberPool::CORE"
+    end
+
     def integer_option(name, value, min:)
       return value if value.is_a?(Integer) && value >= min
 
