@@ -6,7 +6,7 @@
  *
  * Why C: on Ruby 3.1 every instance-variable access and method call in the
  * loop costs about as much as the fiber switch it wraps, so the Ruby core
- * runs a job 1.24x as fast as Fiber.new { job }.resume and this one 1.87x,
+ * runs a job 1.24-1.41x as fast as Fiber.new { job }.resume and this one 1.9x,
  * against a goal of 1.5x (docs/BENCHMARKS.md). Here the state is a C struct
  * and the only per-job calls are the switch, the job itself and Thread#keys.
  *

@@ -95,6 +95,11 @@ module Memkit
 
     private
 
+    # Each core sets up its state here; a subclass of FiberPool itself has none.
+    def setup(_max_idle, _max)
+      raise NotImplementedError, "#{self.class} is not a FiberPool core: subclass Memkit::FiberPool::CORE"
+    end
+
     def integer_option(name, value, min:)
       return value if value.is_a?(Integer) && value >= min
 
@@ -108,7 +113,7 @@ require_relative "fiber_pool/ruby_core"
 module Memkit
   class FiberPool
     # Why C (ext/memkit/fiber_pool.c): on Ruby 3.1 the C core runs a job
-    # 1.87x as fast as a new fiber per job, the Ruby core 1.24x, and the
+    # 1.9x as fast as a new fiber per job, the Ruby core 1.24-1.41x, and the
     # goal is 1.5x (docs/BENCHMARKS.md, "FiberPool"). On 3.3+ both pass it.
     # The C file defines FiberPool::NativeCore when asked, and only then.
     CORE = Native::LOADED ? Native.define_fiber_pool_core(self) : RubyCore

@@ -388,6 +388,13 @@ class FiberPoolCoreTest < Minitest::Test
     out
   end
 
+  def test_a_subclass_of_a_core_is_a_pool_and_of_the_base_class_is_an_error
+    mine = Class.new(Memkit::FiberPool::CORE)
+    assert_equal 6, mine.new.run { 6 }
+    error = assert_raises(NotImplementedError) { Class.new(Memkit::FiberPool).new }
+    assert_match(/not a FiberPool core/, error.message)
+  end
+
   def test_memkit_native_0_forces_the_ruby_core
     lib = File.join(Memkit::TestHelpers::ROOT, "lib")
     expected = "[Memkit::FiberPool::RubyCore, Memkit::FiberPool::RubyCore, nil, 42]\n"

@@ -5,8 +5,9 @@ module Memkit
     # FiberPool in Ruby: the reference for NativeCore (ext/memkit/fiber_pool.c)
     # and the core used where that is not built or MEMKIT_NATIVE=0. On Ruby
     # 3.1 every instance-variable access here costs about as much as the
-    # fiber switch, which keeps this core near 1.2x a new fiber per job
-    # (docs/BENCHMARKS.md); on 3.3+ it is within 10% of the C core.
+    # fiber switch, which keeps this core at 1.24-1.41x a new fiber per job
+    # where the C core reaches 1.9x (docs/BENCHMARKS.md); on 3.3 both are
+    # above 3x.
     class RubyCore < FiberPool
       # Runs the block with args in a pooled fiber and returns its value, or
       # raises what it raised.
