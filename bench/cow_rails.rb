@@ -54,7 +54,9 @@ module CowRails
     server = Server.new(name: name, mode: mode, pid: pid, port: port, log: log)
     deadline = now + timeout
     until Memkit::Cow.children(pid).size == 4 && get(port, "/gc")
-      raise "#{name} (#{mode}) did not boot in #{timeout}s; log #{log}:\n#{File.read(log)[-3000..]}" if now > deadline || !alive?(pid)
+      if now > deadline || !alive?(pid)
+        raise "#{name} (#{mode}) did not boot in #{timeout}s; log #{log}:\n#{File.read(log)[-3000..]}"
+      end
 
       sleep 0.3
     end
@@ -168,7 +170,9 @@ module CowRails
     OptionParser.new do |o|
       o.on("--servers LIST", Array) { |v| opts[:servers] = v }
       o.on("--modes LIST", Array) { |v| opts[:modes] = v }
-      o.on("--counts LIST", Array, "requests per worker at which to measure (default 500,2000)") { |v| opts[:counts] = v.map { |c| Integer(c) } }
+      o.on("--counts LIST", Array, "requests per worker at which to measure (default 500,2000)") do |v|
+        opts[:counts] = v.map { |c| Integer(c) }
+      end
       o.on("--repeat N", Integer) { |v| opts[:repeat] = v }
       o.on("--out FILE", "append each measurement as a JSON line") { |v| opts[:out] = v }
       o.on("--report FILE", "print the table of the measurements in FILE, run nothing") { |v| opts[:report] = v }
@@ -212,8 +216,8 @@ module CowRails
       [r[:server], r[:mode], r[:count], mb(r[:tree]), mb(r[:master_pss]), mb(mean(r[:uss])), mb(r[:uss].max),
        format("%.1f", mean(r[:shared])), mb(r[:master_rss])]
     end
-    puts Memkit::CLI.table(%w[server mode req/worker tree_pss_MB master_pss_MB worker_uss_MB max_uss_MB shared% master_rss_MB],
-                           cells, left: [0, 1])
+    header = %w[server mode req/worker tree_pss_MB master_pss_MB worker_uss_MB max_uss_MB shared% master_rss_MB]
+    puts Memkit::CLI.table(header, cells, left: [0, 1])
     rows.group_by { |r| [r[:server], r[:count]] }.each do |(server, count), list|
       tree = ->(mode) { (t = list.select { |r| r[:mode] == mode }).empty? ? nil : mean(t.map { |r| r[:tree] }) }
       plain = tree.call("plain")

@@ -24,7 +24,10 @@ when "plain" then nil
 when "nakayoshi" then require "nakayoshi_fork"
 when "process_warmup" then Process.warmup
 when "heap" then Memkit.warmup(**options)
-when "memkit" then Memkit::Railtie.before_fork(**options)
+when "memkit"
+  # LAB_WARM=N: N requests of bench/cow_rails.rb's mix (from far in its sequence) instead of the app's list.
+  extra = ENV["LAB_WARM"] ? { requests: Array.new(Integer(ENV["LAB_WARM"])) { |i| CowRails.path(1_000_003 + i) } } : {}
+  Memkit::Railtie.before_fork(**extra, **options)
 else abort "unknown mode #{mode}"
 end
 Memkit::Railtie.disconnect_database
@@ -32,6 +35,8 @@ ready_r, ready_w = IO.pipe
 pids = Array.new(4) do |k|
   fork do
     ready_r.close
+    # LAB_CONNECT=1: open the database connection and load one product first (to see what that alone costs).
+    Product.first.reviews.to_a if ENV["LAB_CONNECT"]
     requests.times do |i|
       env = Memkit::Warmup::App.env(CowRails.path(i * 4 + k))
       _status, _headers, body = app.call(env)

@@ -35,7 +35,9 @@ module BenchRails
     config.memkit.warmup_requests = ["/products", "/products?page=90&locale=fr", "/products/1999",
                                      "/products/1998?locale=fr", "/categories/books", "/categories/music?locale=fr",
                                      "/api/products?page=95", "/api/products.json?page=96&locale=fr"]
-    config.active_record.sqlite3_production_warning = false if config.active_record.respond_to?(:sqlite3_production_warning=)
+    if config.active_record.respond_to?(:sqlite3_production_warning=)
+      config.active_record.sqlite3_production_warning = false
+    end
   end
 
   CATEGORIES = %w[books music garden tools toys kitchen sports travel office health].freeze
@@ -58,7 +60,8 @@ module BenchRails
                             stock: rng.rand(50), created_at: now - rng.rand(10_000_000))
         3.times do
           Review.create!(product: p, author: words.sample(random: rng).capitalize, rating: 1 + rng.rand(5),
-                         body: Array.new(20) { words.sample(random: rng) }.join(" "), created_at: now - rng.rand(1_000_000))
+                         body: Array.new(20) { words.sample(random: rng) }.join(" "),
+                         created_at: now - rng.rand(1_000_000))
         end
       end
     end

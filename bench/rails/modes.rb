@@ -29,7 +29,9 @@ module BenchRails
         # Closes the database connections, warms the app with
         # config.memkit.warmup_requests, prepares the heap, closes them again.
         report = Memkit::Railtie.before_fork(**options)
-        warn "memkit warmup: #{report.requests.size} requests, #{report.failures.size} failed" unless report.requests.empty?
+        unless report.requests.empty?
+          warn "memkit warmup: #{report.requests.size} requests, #{report.failures.size} failed"
+        end
       when "heap" then Memkit.warmup(**options)
       end
     end

@@ -215,4 +215,26 @@ class ForkTest < Minitest::Test
     children.each { |r| assert r[:skipped], r.inspect }
     assert_equal({ gc_runs: 0 }, lines.last)
   end
+
+  # The hook and an explicit call do the same work with the same options:
+  # the first fork runs the whole sequence once, the later ones skip.
+  def test_the_hook_runs_the_same_steps_as_an_explicit_warmup_once
+    lines, err, status = run_script(<<~RUBY)
+      explicit = Memkit.warmup(force: true).steps
+      Memkit::Warmup.reset!
+      $more = Array.new(50_000) { Object.new }
+      reports = Array.new(3) do
+        pid = fork { exit!(0) }
+        Process.wait(pid)
+        Memkit::Fork.last_report.to_h
+      end
+      say(explicit: explicit, hook: reports.map { |r| [r[:skipped], r[:steps]] }, runs: Memkit::Warmup.runs)
+    RUBY
+    assert status.success?, err
+    result = lines.last
+    assert_equal [false, result[:explicit]], result[:hook].first
+    assert_equal [[true, []], [true, []]], result[:hook].drop(1)
+    assert_equal 1, result[:runs]
+    refute_includes result[:explicit], "fill", "fill is off by default"
+  end
 end

@@ -73,7 +73,8 @@ class WarmupAppTest < Minitest::Test
     skip "rack is not installed in this lane" unless rack_lint?
 
     app = Recorder.new
-    report = Memkit.warmup(app: Rack::Lint.new(app), requests: ["/a?b=c", { "PATH_INFO" => "/d", "HTTP_ACCEPT" => "text/html" }])
+    requests = ["/a?b=c", { "PATH_INFO" => "/d", "HTTP_ACCEPT" => "text/html" }]
+    report = Memkit.warmup(app: Rack::Lint.new(app), requests: requests)
     assert_empty report.failures, report.to_h[:requests].inspect
     env = app.calls.first
     %w[SERVER_NAME SERVER_PORT SERVER_PROTOCOL rack.input rack.errors rack.url_scheme HTTP_HOST].each do |key|

@@ -103,10 +103,11 @@ module Memkit
             [false, true].each { |freeze| rows << measure_python(freeze) }
           end
         end
-        @out.puts CLI.table(%w[shape mode tree_pss master_pss child_uss max_uss shared% master_rss prep_ms fork1_ms forkN_ms],
-                            rows.map { |r| row(r) }, left: [0, 1])
+        header = %w[shape mode tree_pss master_pss child_uss max_uss shared% master_rss prep_ms fork1_ms forkN_ms]
+        @out.puts CLI.table(header, rows.map { |r| row(r) }, left: [0, 1])
         ratios(rows)
-        @out.puts "tree_pss: total PSS of the master and its #{@opts[:children]} children after their work and a full GC " \
+        @out.puts "tree_pss: total PSS of the master and its #{@opts[:children]} children after their work " \
+                  "and a full GC " \
                   "(what the tree costs); child_uss: a child's private memory (mean, max); " \
                   "shared%: of the master's rss, secondary"
         0

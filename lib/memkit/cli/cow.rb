@@ -30,7 +30,8 @@ module Memkit
         end
         uss = cow.workers.map(&:uss)
         out.puts "tree #{pid}: pss #{human(cow.tree_pss)} (master #{human(cow.master_pss)} + #{cow.workers.size} " \
-                 "workers #{human(cow.workers.sum(&:pss))}); worker uss mean #{human(uss.sum / uss.size)}, max #{human(uss.max)}"
+                 "workers #{human(cow.workers.sum(&:pss))}); " \
+                 "worker uss mean #{human(uss.sum / uss.size)}, max #{human(uss.max)}"
         rows = cow.workers.map do |w|
           [w.pid, human(w.uss), human(w.pss), human(w.private_dirty), format("%.1f%%", w.shared_pct),
            human(w.shared_with_master), human(w.rss)]

@@ -37,7 +37,8 @@ module Memkit
       def initialize(app, requests, logger: nil)
         raise InvalidArgument, "warmup app: must respond to #call, not #{app.class}" unless app.respond_to?(:call)
         unless requests.is_a?(Array) && requests.all? { |r| r.is_a?(String) || r.is_a?(Hash) }
-          raise InvalidArgument, "warmup requests: must be an Array of String paths and Hash envs, not #{requests.inspect[0, 80]}"
+          raise InvalidArgument,
+                "warmup requests: must be an Array of String paths and Hash envs, not #{requests.inspect[0, 80]}"
         end
         bad = requests.find { |r| r.is_a?(String) && !r.start_with?("/") }
         raise InvalidArgument, "warmup requests: a path starts with \"/\", not #{bad.inspect}" if bad
