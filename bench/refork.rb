@@ -118,21 +118,29 @@ module ReforkBench
       current = Memkit.tree(server[:pid]).nodes.drop(1).map(&:pid)
       seen.select! { |pid, _| current.include?(pid) }
     end
+    seen.keys.sort
   end
 
+  # A refork that starts during the GC round or the reading would leave a
+  # worker out of the tree (or count one that did not GC): read again until
+  # the tree at the reading is exactly the workers that ran the GC.
   def measure(server, workers)
-    # A refork in progress changes the tree under the reading: wait until it has all its workers.
-    sleep 0.5 until Memkit.tree(server[:pid]).nodes.size == workers + 1
-    gc_all(server, workers)
-    tree = Memkit.tree(server[:pid])
-    log = File.read(server[:log])
-    {
-      total_pss: tree.total_pss, master_pss: tree.root.memory.pss,
-      worker0_uss: tree.nodes.find { |n| n.depth == 1 }&.memory&.uss.to_i,
-      workers_uss: tree.nodes.select { |n| n.depth == 2 }.map { |n| n.memory.uss },
-      reforks: log.scan("Starting worker refork").size,
-      memkit_decisions: log.scan("memkit: refork (").size
-    }
+    loop do
+      sleep 0.5 until Memkit.tree(server[:pid]).nodes.size == workers + 1
+      collected = gc_all(server, workers)
+      tree = Memkit.tree(server[:pid])
+      pids = tree.nodes.drop(1).map(&:pid).sort
+      next unless pids == collected && tree.nodes.count { |n| n.depth == 2 } == workers - 1
+
+      log = File.read(server[:log])
+      return {
+        total_pss: tree.total_pss, master_pss: tree.root.memory.pss,
+        worker0_uss: tree.nodes.find { |n| n.depth == 1 }&.memory&.uss.to_i,
+        workers_uss: tree.nodes.select { |n| n.depth == 2 }.map { |n| n.memory.uss },
+        reforks: log.scan("Starting worker refork").size,
+        memkit_decisions: log.scan("memkit: refork (").size
+      }
+    end
   end
 
   def run(modes:, per_worker:, workers:, app:, rate: nil)
