@@ -123,6 +123,19 @@ class OobGCPolicyTest < Minitest::Test
                  policy.decide(pooled([[100_000, 50_000], [50_000, 46_000], [20_000, 10_000]], shared_allocatable: 1_000), req)
   end
 
+  # A small pool that runs dry every few requests while the main pool holds
+  # many sets the GC rate: it is grown to hold as many requests as the main
+  # one, and a pool with next to no allocation does not set the target.
+  def test_size_pools_grow_the_pool_that_runs_dry_first
+    policy = Policy::SizePools.new
+    req = profile([26_000, 1, 2_000])
+    reading = pooled([[400_000, 165_000], [50_000, 10_000], [20_000, 11_000]])
+    short = policy.shortfall(reading, req, cover: 2.1)
+    assert_equal 0, short[0], "the main pool holds 9 requests"
+    assert_equal 0, short[1]
+    assert_in_delta (2_000 * 235_000 / 26_000.0) - 9_000, short[2], 1
+  end
+
   def test_no_full_mark_runs_the_major_as_soon_as_ruby_wants_one
     policy = Policy::NoFullMark.new
     req = profile([1_000, 1_000])

@@ -56,10 +56,19 @@ module Memkit
         major_pending?(reading) || minor_would_fill?(reading) ? :major : :minor
       end
 
-      # Slots each pool lacks, as the heap stands, to hold `cover` requests.
-      def shortfall(reading, profile, cover:)
-        free(reading).each_with_index.map do |f, i|
-          want = (profile.objects.fetch(i, 0) * cover).ceil
+      # Slots each pool lacks, as the heap stands, to hold `cover` requests,
+      # or as many as the pool most of a request's objects go to holds (up to
+      # `balance`): where a small size pool runs dry after a few requests
+      # while the main one holds many, the small one decides how often GC
+      # runs, and growing it costs little.
+      def shortfall(reading, profile, cover:, balance: 16)
+        free = free(reading)
+        objects = profile.objects
+        main = objects.each_with_index.max_by(&:first)&.last
+        held = main && objects[main].positive? ? free.fetch(main, 0).fdiv(objects[main]) : 0
+        target = [cover, [held, balance].min].max
+        free.each_with_index.map do |f, i|
+          want = (objects.fetch(i, 0) * target).ceil
           want > f ? want - f : 0
         end
       end
