@@ -201,7 +201,8 @@ class OobGCTest < Minitest::Test
   def heavy(times)
     GC.start
     stat = GC.stat
-    free = stat[:heap_free_slots] + (stat.fetch(:heap_allocatable_pages, 0) * 409) + stat.fetch(:heap_allocatable_slots, 0)
+    free = stat[:heap_free_slots] + (stat.fetch(:heap_allocatable_pages, 0) * 409) +
+           stat.fetch(:heap_allocatable_slots, 0)
     count = (free * times / 2).to_i
     lambda do |_env|
       rows = Array.new(count) { |i| [i, "row #{i}"] }
@@ -303,7 +304,9 @@ class OobGCTest < Minitest::Test
   # Ruby 3.4+: no major GC of Ruby's own while serving; the majors Ruby asks
   # for run between requests.
   def test_majors_only_between_requests_with_gc_config
-    skip "GC.config(rgengc_allow_full_mark:) needs Ruby 3.4+" unless GC.respond_to?(:config) && GC.config.key?(:rgengc_allow_full_mark)
+    unless GC.respond_to?(:config) && GC.config.key?(:rgengc_allow_full_mark)
+      skip "GC.config(rgengc_allow_full_mark:) needs Ruby 3.4+"
+    end
 
     in_fresh_process { majors_only_between_requests_with_gc_config }
   end

@@ -28,7 +28,8 @@ class OobGCPolicyTest < Minitest::Test
   def pooled(pools, need_major_by: nil, shared_allocatable: nil, available: nil, **stat)
     heaps = pools.each_with_index.map do |(slots, live, allocatable), i|
       { slot_size: 40 << i, heap_eden_slots: slots, heap_eden_pages: [slots / (1638 >> i), 1].max,
-        total_allocated_objects: 1_000_000 + live, total_freed_objects: 1_000_000, heap_allocatable_pages: allocatable.to_i }
+        total_allocated_objects: 1_000_000 + live, total_freed_objects: 1_000_000,
+        heap_allocatable_pages: allocatable.to_i }
     end
     base = { count: 10, major_gc_count: 2, old_objects: 10_000, old_objects_limit: 100_000,
              malloc_increase_bytes: 0, malloc_increase_bytes_limit: 16 << 20, oldmalloc_increase_bytes: 0,
@@ -118,9 +119,9 @@ class OobGCPolicyTest < Minitest::Test
     # Allocatable pages of the short pool count (3.3).
     assert_nil policy.decide(pooled([[100_000, 50_000], [50_000, 46_000, 10], [20_000, 10_000]]), req)
     # 3.4: one shared count of allocatable base-size slots; pool 1 slots are 80 bytes.
-    assert_nil policy.decide(pooled([[100_000, 50_000], [50_000, 46_000], [20_000, 10_000]], shared_allocatable: 4_000), req)
-    assert_equal :minor,
-                 policy.decide(pooled([[100_000, 50_000], [50_000, 46_000], [20_000, 10_000]], shared_allocatable: 1_000), req)
+    tight = [[100_000, 50_000], [50_000, 46_000], [20_000, 10_000]]
+    assert_nil policy.decide(pooled(tight, shared_allocatable: 4_000), req)
+    assert_equal :minor, policy.decide(pooled(tight, shared_allocatable: 1_000), req)
   end
 
   # A small pool that runs dry every few requests while the main pool holds

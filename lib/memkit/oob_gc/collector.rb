@@ -57,7 +57,8 @@ module Memkit
           raise InvalidArgument, "Memkit::OobGC: headroom must be a number >= 1 (got #{headroom.inspect})"
         end
         unless max_heap_growth.is_a?(Integer) && max_heap_growth >= 0
-          raise InvalidArgument, "Memkit::OobGC: max_heap_growth must be an Integer >= 0 (got #{max_heap_growth.inspect})"
+          raise InvalidArgument,
+                "Memkit::OobGC: max_heap_growth must be an Integer >= 0 (got #{max_heap_growth.inspect})"
         end
         unless [:auto, true].include?(full_mark)
           raise InvalidArgument, "Memkit::OobGC: full_mark must be :auto or true (got #{full_mark.inspect})"
@@ -249,7 +250,8 @@ module Memkit
           env["RUBY_GC_HEAP_INIT_SLOTS"] = round_up(live + (objects.fetch(0, 0) * @cover).ceil)
         end
         malloc = (@profile.malloc * @cover).ceil
-        env["RUBY_GC_MALLOC_LIMIT"] = round_up(malloc) if malloc > reading.fetch(:stat)[:malloc_increase_bytes_limit].to_i
+        limit = reading.fetch(:stat)[:malloc_increase_bytes_limit].to_i
+        env["RUBY_GC_MALLOC_LIMIT"] = round_up(malloc) if malloc > limit
         env
       end
 
