@@ -23,7 +23,7 @@ module Memkit
     # Several collectors in one process share the process's counters; a GC
     # runs only when no unit is in flight in any of them.
     class Collector
-      DEFAULTS = { headroom: 1.1, percentile: 0.95, window: 200, max_heap_growth: 64 << 20, regrow_after: 500,
+      DEFAULTS = { headroom: 1.1, percentile: 0.95, window: 200, max_heap_growth: 64 << 20, regrow_after: 100,
                    full_mark: :auto }.freeze
 
       # A reading of the heap, as the policies take it.
