@@ -73,7 +73,8 @@ module Memkit
         @log = log
         @cover = headroom + 1 # after a GC: the next request, and one more
         @hook_headroom = headroom + 1
-        @grown_at = nil # profile request count when the heap was last grown
+        @seen = 0 # units of work finished
+        @grown_at = nil # @seen when the heap was last grown
         @full_mark_off = nil # pid where GC.config(rgengc_allow_full_mark: false) was set
         OutOfBand.register(:oob_gc, order: 50) { OobGC.out_of_band }
         Counters.update(policy: @policy.name)
@@ -153,6 +154,7 @@ module Memkit
         fresh = allocated.zip(before).map { |now, was| now - was }
         grown = stat[:count] == count ? [stat[:malloc_increase_bytes] - malloc, 0].max : nil
         @profile.record(fresh, grown)
+        @seen += 1
         reading
       end
 
@@ -187,8 +189,8 @@ module Memkit
       def size(reading)
         short = @policy.shortfall(reading, @profile, cover: @cover)
         if short.any?(&:positive?) && @growth.budget.positive? &&
-           (@grown_at.nil? || @profile.size - @grown_at >= @regrow_after || @profile.size < @grown_at)
-          @grown_at = @profile.size
+           (@grown_at.nil? || @seen - @grown_at >= @regrow_after)
+          @grown_at = @seen
           added = @growth.grow(short, @policy)
           Counters.grew(added)
           @policy.collected(:major, self.class.reading)
