@@ -51,17 +51,19 @@ class OobGCPolicyTest < Minitest::Test
   def test_one_heap_collects_when_the_next_request_would_not_fit
     policy = Policy::OneHeap.new(page_slots: PAGE, headroom: 1.1)
     req = profile(50_000)
-    assert_nil policy.decide(one_heap(free: 56_000), req)
+    assert_nil policy.decide(one_heap(free: 57_000), req) # 1.1 requests and SLACK
     assert_equal :minor, policy.decide(one_heap(free: 54_000), req)
     # Pages Ruby may still add without collecting count as free.
     assert_nil policy.decide(one_heap(free: 10_000, allocatable: 120 * PAGE), req)
   end
 
   def test_malloc_growth_near_its_limit_is_due
-    policy = Policy::OneHeap.new(page_slots: PAGE)
+    policy = Policy::OneHeap.new(page_slots: PAGE, malloc_limit_max: 32 << 20)
     req = profile(1_000, malloc: 4 << 20)
-    assert_nil policy.decide(one_heap(free: 300_000, malloc: 8 << 20), req)
-    assert_equal :minor, policy.decide(one_heap(free: 300_000, malloc: 12 << 20), req)
+    assert_nil policy.decide(one_heap(free: 300_000, malloc: 16 << 20, malloc_limit: 24 << 20), req)
+    assert_equal :minor, policy.decide(one_heap(free: 300_000, malloc: 20 << 20, malloc_limit: 24 << 20), req)
+    # A limit still low is left to Ruby, which raises it when overrun.
+    assert_nil policy.decide(one_heap(free: 300_000, malloc: 12 << 20, malloc_limit: 16 << 20), req)
   end
 
   def test_major_when_ruby_has_one_pending
