@@ -123,7 +123,9 @@ module Memkit
       def pools_short?(reading, objects, headroom)
         free(reading).each_with_index.any? do |f, i|
           need = objects.fetch(i, 0)
-          need.positive? && f < (need * headroom) + SLACK
+          # The slack scales down for a pool a request barely uses (a pool
+          # of large objects holding a few hundred free slots).
+          need.positive? && f < (need * headroom) + [SLACK, need].min
         end
       end
 
