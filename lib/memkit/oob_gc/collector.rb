@@ -188,12 +188,17 @@ module Memkit
       # what to set at boot for it.
       def size(reading)
         short = @policy.shortfall(reading, @profile, cover: @cover)
-        if short.any?(&:positive?) && @growth.budget.positive? &&
+        if short.any?(&:positive?) && @growth.budget.positive? && !@refused &&
            (@grown_at.nil? || @seen - @grown_at >= @regrow_after)
           @grown_at = @seen
           added = @growth.grow(short, @policy)
           Counters.grew(added)
-          @policy.collected(:major, self.class.reading)
+          after = self.class.reading
+          @policy.collected(:major, after)
+          # Each attempt costs major GCs: one that won Ruby over less than
+          # half the slots asked for is not repeated in this process.
+          still = @policy.shortfall(after, @profile, cover: @cover)
+          @refused = still.sum > short.sum / 2
         end
         Counters.update(heap_slots: GC.stat(:heap_available_slots), heap_bytes: HeapGrowth.page_bytes,
                         heap_grown_bytes: @growth.grown_bytes, boot_env: boot_env(self.class.reading),
@@ -206,7 +211,7 @@ module Memkit
       def starve(reading)
         if @policy.starved?(reading, @profile)
           @starved_at = capacity(reading)
-          reason = if @growth.budget.zero?
+          reason = if @growth.budget.zero? && !@refused
                      "one request allocates more than the heap holds free after a GC, and max_heap_growth is spent"
                    else
                      "one request allocates more than the heap holds free after a GC, and Ruby would not grow it"
