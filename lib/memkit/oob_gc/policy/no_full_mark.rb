@@ -25,19 +25,6 @@ module Memkit
           super
         end
 
-        # A major for want of free slots (:nofree) is left undone: with full
-        # marks off Ruby grows the heap instead, the sizing this wants. Old
-        # objects, unprotected ones and oldmalloc still need the major.
-        def major_pending?(reading)
-          return false if reading.fetch(:info)[:need_major_by] == :nofree && !super(without_nofree(reading))
-
-          super
-        end
-
-        def major_next?(reading)
-          !%i[nofree].include?(reading.fetch(:info)[:need_major_by]) && super
-        end
-
         def collected(kind, reading)
           @baseline = available(reading) if kind == :major || @baseline.nil?
         end
@@ -51,10 +38,6 @@ module Memkit
         end
 
         private
-
-        def without_nofree(reading)
-          reading.merge(info: reading.fetch(:info).merge(need_major_by: nil))
-        end
 
         def available(reading) = reading.fetch(:stat).fetch(:heap_available_slots)
       end
