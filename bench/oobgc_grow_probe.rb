@@ -2,7 +2,8 @@
 
 # Does holding filler objects across a GC grow Ruby's heap at run time, and
 # do the following GCs (minor, then major) give the pages back?
-#   ruby bench/oobgc_grow_probe.rb
+#   ruby -Ilib bench/oobgc_grow_probe.rb            # held fillers only
+#   ruby -Ilib bench/oobgc_grow_probe.rb library    # Memkit::OobGC::HeapGrowth (a seventh dropped among them)
 def pools = GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
 
 def capacity
@@ -25,15 +26,22 @@ KEEP = Array.new(100_000) { |i| "k#{i}" }
 GC.start
 show("boot")
 fillers = []
-4.times do |round|
-  s = GC.stat
-  n = s[:heap_free_slots] + s.fetch(:heap_allocatable_pages, 0) * 409
-  n = (n * 0.98).to_i
-  fillers << Array.new(n) { Object.new }
-  show("filled #{round}")
-  GC.start(full_mark: true, immediate_sweep: true)
-  show("major after fill #{round}")
-  break if capacity > 1_500_000
+if ARGV[0] == "library"
+  require "memkit/oob_gc"
+  policy = Memkit::OobGC::Policy.detect.new
+  added = Memkit::OobGC::HeapGrowth.new(max_bytes: 64 << 20).grow([600_000], policy)
+  show("HeapGrowth added #{added >> 20} MiB")
+else
+  4.times do |round|
+    s = GC.stat
+    n = s[:heap_free_slots] + (s.fetch(:heap_allocatable_pages, 0) * 409)
+    n = (n * 0.98).to_i
+    fillers << Array.new(n) { Object.new }
+    show("filled #{round}")
+    GC.start(full_mark: true, immediate_sweep: true)
+    show("major after fill #{round}")
+    break if capacity > 1_500_000
+  end
 end
 fillers = nil
 GC.start(full_mark: false, immediate_sweep: true)

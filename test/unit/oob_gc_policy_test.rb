@@ -28,7 +28,8 @@ class OobGCPolicyTest < Minitest::Test
   def pooled(pools, need_major_by: nil, shared_allocatable: nil, available: nil, **stat)
     heaps = pools.each_with_index.map do |(slots, live, allocatable), i|
       { slot_size: 40 << i, heap_eden_slots: slots, heap_eden_pages: [slots / (1638 >> i), 1].max,
-        total_allocated_objects: 1_000_000 + live, total_freed_objects: 1_000_000, heap_allocatable_pages: allocatable.to_i }
+        total_allocated_objects: 1_000_000 + live, total_freed_objects: 1_000_000,
+        heap_allocatable_pages: allocatable.to_i }
     end
     base = { count: 10, major_gc_count: 2, old_objects: 10_000, old_objects_limit: 100_000,
              malloc_increase_bytes: 0, malloc_increase_bytes_limit: 16 << 20, oldmalloc_increase_bytes: 0,
@@ -50,17 +51,19 @@ class OobGCPolicyTest < Minitest::Test
   def test_one_heap_collects_when_the_next_request_would_not_fit
     policy = Policy::OneHeap.new(page_slots: PAGE, headroom: 1.1)
     req = profile(50_000)
-    assert_nil policy.decide(one_heap(free: 56_000), req)
+    assert_nil policy.decide(one_heap(free: 57_000), req) # 1.1 requests and SLACK
     assert_equal :minor, policy.decide(one_heap(free: 54_000), req)
     # Pages Ruby may still add without collecting count as free.
     assert_nil policy.decide(one_heap(free: 10_000, allocatable: 120 * PAGE), req)
   end
 
   def test_malloc_growth_near_its_limit_is_due
-    policy = Policy::OneHeap.new(page_slots: PAGE)
+    policy = Policy::OneHeap.new(page_slots: PAGE, malloc_limit_max: 32 << 20)
     req = profile(1_000, malloc: 4 << 20)
-    assert_nil policy.decide(one_heap(free: 300_000, malloc: 8 << 20), req)
-    assert_equal :minor, policy.decide(one_heap(free: 300_000, malloc: 12 << 20), req)
+    assert_nil policy.decide(one_heap(free: 300_000, malloc: 16 << 20, malloc_limit: 24 << 20), req)
+    assert_equal :minor, policy.decide(one_heap(free: 300_000, malloc: 20 << 20, malloc_limit: 24 << 20), req)
+    # A limit still low is left to Ruby, which raises it when overrun.
+    assert_nil policy.decide(one_heap(free: 300_000, malloc: 12 << 20, malloc_limit: 16 << 20), req)
   end
 
   def test_major_when_ruby_has_one_pending
@@ -118,9 +121,32 @@ class OobGCPolicyTest < Minitest::Test
     # Allocatable pages of the short pool count (3.3).
     assert_nil policy.decide(pooled([[100_000, 50_000], [50_000, 46_000, 10], [20_000, 10_000]]), req)
     # 3.4: one shared count of allocatable base-size slots; pool 1 slots are 80 bytes.
-    assert_nil policy.decide(pooled([[100_000, 50_000], [50_000, 46_000], [20_000, 10_000]], shared_allocatable: 4_000), req)
-    assert_equal :minor,
-                 policy.decide(pooled([[100_000, 50_000], [50_000, 46_000], [20_000, 10_000]], shared_allocatable: 1_000), req)
+    tight = [[100_000, 50_000], [50_000, 46_000], [20_000, 10_000]]
+    assert_nil policy.decide(pooled(tight, shared_allocatable: 4_000), req)
+    assert_equal :minor, policy.decide(pooled(tight, shared_allocatable: 1_000), req)
+  end
+
+  # A small pool that runs dry every few requests while the main pool holds
+  # many sets the GC rate: it is grown to hold as many requests as the main
+  # one, and a pool with next to no allocation does not set the target.
+  def test_size_pools_grow_the_pool_that_runs_dry_first
+    policy = Policy::SizePools.new
+    req = profile([26_000, 1, 2_000])
+    reading = pooled([[400_000, 165_000], [50_000, 10_000], [20_000, 11_000]])
+    short = policy.shortfall(reading, req, cover: 2.1)
+    assert_equal 0, short[0], "the main pool holds 9 requests"
+    assert_equal 0, short[1]
+    assert_in_delta (2_000 * 235_000 / 26_000.0) - 9_000, short[2], 1
+  end
+
+  # A pool a request uses for one object, with a few hundred free slots, is
+  # not short: the slack beyond the learned request scales with it (on 3.4
+  # a fixed slack collected after every request of bench's "cache" app).
+  def test_a_pool_a_request_barely_uses_is_not_short
+    policy = Policy::SizePools.new
+    req = profile([15_000, 500, 2_000, 0, 1])
+    reading = pooled([[500_000, 100_000], [20_000, 7_000], [60_000, 11_000], [1_000, 600], [1_000, 558]])
+    assert_nil policy.decide(reading, req)
   end
 
   def test_no_full_mark_runs_the_major_as_soon_as_ruby_wants_one
@@ -130,6 +156,7 @@ class OobGCPolicyTest < Minitest::Test
     assert_nil policy.decide(roomy, req)
     assert_equal :major, policy.decide(pooled([[500_000, 100_000], [100_000, 10_000]], need_major_by: :oldgen), req)
     assert_equal :major, policy.decide(pooled([[500_000, 100_000], [100_000, 10_000]], old_objects: 100_000), req)
+    assert_equal :major, policy.decide(pooled([[500_000, 100_000], [100_000, 10_000]], need_major_by: :nofree), req)
   end
 
   def test_no_full_mark_valve_past_twice_the_heap_at_the_last_major

@@ -23,7 +23,7 @@ module Memkit
     # Several collectors in one process share the process's counters; a GC
     # runs only when no unit is in flight in any of them.
     class Collector
-      DEFAULTS = { headroom: 1.1, percentile: 0.95, window: 200, max_heap_growth: 64 << 20, regrow_after: 500,
+      DEFAULTS = { headroom: 1.1, percentile: 0.95, window: 200, max_heap_growth: 64 << 20, regrow_after: 100,
                    full_mark: :auto }.freeze
 
       # A reading of the heap, as the policies take it.
@@ -57,7 +57,8 @@ module Memkit
           raise InvalidArgument, "Memkit::OobGC: headroom must be a number >= 1 (got #{headroom.inspect})"
         end
         unless max_heap_growth.is_a?(Integer) && max_heap_growth >= 0
-          raise InvalidArgument, "Memkit::OobGC: max_heap_growth must be an Integer >= 0 (got #{max_heap_growth.inspect})"
+          raise InvalidArgument,
+                "Memkit::OobGC: max_heap_growth must be an Integer >= 0 (got #{max_heap_growth.inspect})"
         end
         unless [:auto, true].include?(full_mark)
           raise InvalidArgument, "Memkit::OobGC: full_mark must be :auto or true (got #{full_mark.inspect})"
@@ -72,7 +73,8 @@ module Memkit
         @log = log
         @cover = headroom + 1 # after a GC: the next request, and one more
         @hook_headroom = headroom + 1
-        @grown_at = nil # profile request count when the heap was last grown
+        @seen = 0 # units of work finished
+        @grown_at = nil # @seen when the heap was last grown
         @full_mark_off = nil # pid where GC.config(rgengc_allow_full_mark: false) was set
         OutOfBand.register(:oob_gc, order: 50) { OobGC.out_of_band }
         Counters.update(policy: @policy.name)
@@ -152,6 +154,7 @@ module Memkit
         fresh = allocated.zip(before).map { |now, was| now - was }
         grown = stat[:count] == count ? [stat[:malloc_increase_bytes] - malloc, 0].max : nil
         @profile.record(fresh, grown)
+        @seen += 1
         reading
       end
 
@@ -185,12 +188,17 @@ module Memkit
       # what to set at boot for it.
       def size(reading)
         short = @policy.shortfall(reading, @profile, cover: @cover)
-        if short.any?(&:positive?) && @growth.budget.positive? &&
-           (@grown_at.nil? || @profile.size - @grown_at >= @regrow_after || @profile.size < @grown_at)
-          @grown_at = @profile.size
+        if short.any?(&:positive?) && @growth.budget.positive? && !@refused &&
+           (@grown_at.nil? || @seen - @grown_at >= @regrow_after)
+          @grown_at = @seen
           added = @growth.grow(short, @policy)
           Counters.grew(added)
-          @policy.collected(:major, self.class.reading)
+          after = self.class.reading
+          @policy.collected(:major, after)
+          # Each attempt costs major GCs: one that won Ruby over less than
+          # half the slots asked for is not repeated in this process.
+          still = @policy.shortfall(after, @profile, cover: @cover)
+          @refused = still.sum > short.sum / 2
         end
         Counters.update(heap_slots: GC.stat(:heap_available_slots), heap_bytes: HeapGrowth.page_bytes,
                         heap_grown_bytes: @growth.grown_bytes, boot_env: boot_env(self.class.reading),
@@ -203,7 +211,7 @@ module Memkit
       def starve(reading)
         if @policy.starved?(reading, @profile)
           @starved_at = capacity(reading)
-          reason = if @growth.budget.zero?
+          reason = if @growth.budget.zero? && !@refused
                      "one request allocates more than the heap holds free after a GC, and max_heap_growth is spent"
                    else
                      "one request allocates more than the heap holds free after a GC, and Ruby would not grow it"
@@ -249,7 +257,8 @@ module Memkit
           env["RUBY_GC_HEAP_INIT_SLOTS"] = round_up(live + (objects.fetch(0, 0) * @cover).ceil)
         end
         malloc = (@profile.malloc * @cover).ceil
-        env["RUBY_GC_MALLOC_LIMIT"] = round_up(malloc) if malloc > reading.fetch(:stat)[:malloc_increase_bytes_limit].to_i
+        limit = reading.fetch(:stat)[:malloc_increase_bytes_limit].to_i
+        env["RUBY_GC_MALLOC_LIMIT"] = round_up(malloc) if malloc > limit
         env
       end
 

@@ -33,6 +33,8 @@ module Memkit
       ZERO = { requests: 0, oob_minor: 0, oob_major: 0, inside_minor: 0, inside_major: 0, oob_seconds: 0.0,
                oob_hook: 0, watched: 0, grow_runs: 0, heap_grown_bytes: 0, heap_slots: 0, heap_bytes: 0,
                gave_up: nil, boot_env: {}, policy: nil, profile: nil }.freeze
+      # What reset zeroes; the rest describes the heap as it is.
+      COUNTS = %i[requests oob_minor oob_major inside_minor inside_major oob_seconds oob_hook watched grow_runs].freeze
 
       @lock = Monitor.new
       @stats = Stats.new(**ZERO)
@@ -49,9 +51,7 @@ module Memkit
 
         def reset
           @lock.synchronize do
-            %i[requests oob_minor oob_major inside_minor inside_major oob_seconds oob_hook watched grow_runs].each do |m|
-              @stats[m] = ZERO.fetch(m)
-            end
+            COUNTS.each { |m| @stats[m] = ZERO.fetch(m) }
           end
         end
 

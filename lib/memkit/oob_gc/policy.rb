@@ -19,6 +19,12 @@ module Memkit
       # Ruby's GC_HEAP_FREE_SLOTS_MIN_RATIO default: a GC that leaves less of
       # the heap free than this makes the next GC a major (or grows the heap).
       MIN_FREE_RATIO = 0.20
+      # Ruby's GC_MALLOC_LIMIT_MAX default.
+      MALLOC_LIMIT_MAX = 32 << 20
+      # Slots kept free beyond the learned request: what the server itself
+      # allocates between requests, and what the estimate of a lazy sweep
+      # can miss.
+      SLACK = 1_000
 
       def self.detect(gc = GC)
         if gc.respond_to?(:stat_heap) && gc.stat_heap(0).key?(:total_allocated_objects)
@@ -30,9 +36,11 @@ module Memkit
 
       attr_reader :headroom
 
-      def initialize(headroom: 1.25, min_free_ratio: MIN_FREE_RATIO)
+      def initialize(headroom: 1.1, min_free_ratio: MIN_FREE_RATIO,
+                     malloc_limit_max: Integer(ENV.fetch("RUBY_GC_MALLOC_LIMIT_MAX", MALLOC_LIMIT_MAX), exception: false))
         @headroom = headroom.to_f
         @min_free_ratio = min_free_ratio.to_f
+        @malloc_limit_max = malloc_limit_max || MALLOC_LIMIT_MAX
       end
 
       def name = self.class.name.split("::").last
@@ -56,10 +64,19 @@ module Memkit
         major_pending?(reading) || minor_would_fill?(reading) ? :major : :minor
       end
 
-      # Slots each pool lacks, as the heap stands, to hold `cover` requests.
-      def shortfall(reading, profile, cover:)
-        free(reading).each_with_index.map do |f, i|
-          want = (profile.objects.fetch(i, 0) * cover).ceil
+      # Slots each pool lacks, as the heap stands, to hold `cover` requests,
+      # or as many as the pool most of a request's objects go to holds (up to
+      # `balance`): where a small size pool runs dry after a few requests
+      # while the main one holds many, the small one decides how often GC
+      # runs, and growing it costs little.
+      def shortfall(reading, profile, cover:, balance: 16)
+        free = free(reading)
+        objects = profile.objects
+        main = objects.each_with_index.max_by(&:first)&.last
+        held = main && objects[main].positive? ? free.fetch(main, 0).fdiv(objects[main]) : 0
+        target = [cover, [held, balance].min].max
+        free.each_with_index.map do |f, i|
+          want = (objects.fetch(i, 0) * target).ceil
           want > f ? want - f : 0
         end
       end
@@ -104,12 +121,27 @@ module Memkit
       private
 
       def pools_short?(reading, objects, headroom)
-        free(reading).each_with_index.any? { |f, i| f < objects.fetch(i, 0) * headroom }
+        free(reading).each_with_index.any? do |f, i|
+          need = objects.fetch(i, 0)
+          # The slack scales down for a pool a request barely uses (a pool
+          # of large objects holding a few hundred free slots).
+          need.positive? && f < (need * headroom) + [SLACK, need].min
+        end
       end
 
+      # Ruby raises its malloc limit (by 1.4x, up to RUBY_GC_MALLOC_LIMIT_MAX)
+      # only at a GC that finds it overrun, and lowers it by 2% at every other.
+      # Collecting before each overrun would hold the limit at its minimum
+      # and collect after most requests of an app that mallocs megabytes
+      # (bench/oobgc_shapes.rb "malloc": 600 GCs where Ruby ran 61). So while
+      # the limit is low the overrun is left to Ruby, which raises it; from
+      # 60% of the maximum on, the GC runs between requests.
       def malloc_short?(reading, malloc, headroom)
         stat = reading.fetch(:stat)
-        stat.fetch(:malloc_increase_bytes) + (malloc * headroom) > stat.fetch(:malloc_increase_bytes_limit)
+        limit = stat.fetch(:malloc_increase_bytes_limit)
+        return false if limit < @malloc_limit_max * 0.6
+
+        stat.fetch(:malloc_increase_bytes) + (malloc * headroom) > limit
       end
     end
   end

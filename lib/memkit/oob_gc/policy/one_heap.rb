@@ -57,7 +57,8 @@ module Memkit
         def free(reading)
           stat = reading.fetch(:stat)
           free = if @marked_at && reading.fetch(:info)[:state] == :sweeping
-                   eden_slots(stat) - stat.fetch(:heap_marked_slots) - (stat.fetch(:total_allocated_objects) - @marked_at)
+                   since = stat.fetch(:total_allocated_objects) - @marked_at
+                   eden_slots(stat) - stat.fetch(:heap_marked_slots) - since
                  else
                    stat.fetch(:heap_free_slots)
                  end
