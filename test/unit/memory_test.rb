@@ -104,4 +104,17 @@ class MemoryTest < Minitest::Test
     error = assert_raises(Memkit::ParseError) { Memkit::Memory.parse(text, "/proc/7/smaps_rollup") }
     assert_equal "/proc/7/smaps_rollup: no Pss field", error.message
   end
+
+  # kthreadd is alive but has no user address space: its smaps files answer
+  # ESRCH. It reads as all zero, not as a missing process.
+  def test_a_kernel_thread_has_no_user_memory
+    skip "pid 2 is not kthreadd here (a pid namespace?)" unless File.exist?("/proc/2/comm") && File.read("/proc/2/comm") == "kthreadd\n"
+
+    memory = Memkit::Memory.read(2)
+    assert_same Memkit::Memory::NONE, memory
+    assert_equal 0, memory.rss + memory.pss + memory.uss + memory.swap
+    pid = fork { exit!(0) }
+    Process.wait(pid)
+    assert_raises(Memkit::NoSuchProcess) { Memkit::Memory.read(pid) }
+  end
 end

@@ -24,13 +24,16 @@ module Memkit
         return print_json(cow.to_h) if options[:json]
 
         rows = cow.workers.map do |w|
-          [w.pid, human(w.rss), human(w.shared_with_master), format("%.1f%%", w.shared_pct), human(w.private_dirty)]
-        end
+          [w.pid, human(w.rss), human(w.shared_with_master), format("%.1f%%", w.shared_pct), human(w.private_dirty),
+           CLI.printable(Memkit::Tree.command(w.pid))[0, 48]]
+        rescue NoSuchProcess, PermissionDenied
+          nil
+        end.compact
         out.puts "master #{pid}: rss #{human(cow.master_rss)}, private_dirty #{human(cow.master_private_dirty)}"
         if rows.empty?
           out.puts "no workers: pid #{pid} has no child processes"
         else
-          out.puts CLI.table(%w[worker rss shared_with_master shared% private_dirty], rows)
+          out.puts CLI.table(%w[worker rss shared_with_master shared% private_dirty command], rows, left: [5])
         end
         out.puts(cow.method == :pagemap ? "exact: pages mapping the same physical frame as the master (/proc/PID/pagemap)." :
                  "estimate: worker's smaps Shared over the master's rss (pagemap frame numbers need root).")

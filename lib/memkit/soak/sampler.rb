@@ -78,13 +78,7 @@ module Memkit
       end
 
       def descendants
-        children = Hash.new { |h, k| h[k] = [] }
-        ProcFS.pids.each do |p|
-          stat = File.read("/proc/#{p}/stat")
-          children[stat[(stat.rindex(")") + 2)..].split(" ", 3)[1].to_i] << p
-        rescue SystemCallError, NoMethodError
-          next
-        end
+        children = ProcFS.children
         out = []
         queue = [@pid]
         until queue.empty?
