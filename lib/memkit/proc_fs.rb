@@ -83,10 +83,10 @@ module Memkit
       end
     end
 
-    # pid => [child pids, sorted], from the same pass.
-    def children(root: "/proc")
-      parents(root: root).each_with_object(Hash.new { |h, k| h[k] = [] }) { |(pid, ppid), map| map[ppid] << pid }
-                         .transform_values(&:sort)
+    # ppid => [child pids, sorted], from the same pass (or from a parents
+    # map already read); only pids that have children are keys.
+    def children(root: "/proc", parents: self.parents(root: root))
+      parents.group_by { |_, ppid| ppid }.transform_values { |pairs| pairs.map(&:first).sort }
     end
 
     # PF_KTHREAD in the flags of /proc/PID/stat: a kernel thread, which has

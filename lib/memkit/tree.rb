@@ -28,7 +28,7 @@ module Memkit
       parents = ProcFS.parents(root: root)
       raise NoSuchProcess, "no such process: pid #{pid}" unless parents.key?(pid)
 
-      children = parents.group_by { |_, ppid| ppid }.transform_values { |pairs| pairs.map(&:first).sort }
+      children = ProcFS.children(parents: parents)
       nodes = []
       skipped = {}
       walk(pid, children, 0) do |child, depth|

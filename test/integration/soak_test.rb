@@ -110,7 +110,7 @@ class SoakTest < Minitest::Test
       _, err, status = memkit("soak", "http://127.0.0.1:#{port}/", "--csv", csv)
       assert_equal 2, status.exitstatus
       assert_equal 1, err.lines.size, err
-      assert_match(/--pid PID/, err)
+      assert_match(/is a URL: pass the server's pid in --pid \(see memkit soak --help\)$/, err)
 
       _, err, status = memkit("soak", "http://127.0.0.1:#{port}/", "--pid", Process.pid, "--csv", csv)
       assert_equal 1, status.exitstatus

@@ -31,13 +31,15 @@ module Memkit
 
         target = argv.first
         check_outputs
-        specs = options[:compare].map { |c| Memkit::Soak::Compare.parse(c) }
-        raise UsageError, "--compare needs a config.ru target: a running server's environment cannot be changed" if specs.any? && Memkit::Soak.url?(target)
+        specs = options[:compare].map { |c| translated { Memkit::Soak::Compare.parse(c) } }
+        if specs.any? && Memkit::Soak.url?(target)
+          raise UsageError, "--compare needs a config.ru target: a running server's environment cannot be changed"
+        end
 
-        results = [run(target)]
+        results = [translated { run(target) }]
         results += specs.map do |spec|
           err.puts "memkit soak: running #{spec.name} (#{spec.env.map { |k, v| "#{k}=#{v}" }.join(' ')})" if err.tty?
-          Memkit::Soak::Compare.run(spec, target, child_args)
+          translated { Memkit::Soak::Compare.run(spec, target, **soak_options) }
         end
         results.first.label = "default" if specs.any?
         write_files(results)
@@ -47,10 +49,32 @@ module Memkit
 
       private
 
+      # Memkit::Soak.run's keyword for each option; the library's messages
+      # name keywords ("requests: must be ..."), the user typed flags.
+      FLAGS = { requests: "--requests", sample_every: "--sample-every", warmup: "--warmup", pid: "--pid",
+                concurrency: "--concurrency", path: "--path", min_leak: "--min-leak", gc_budget: "--[no-]gc" }.freeze
+      KEYWORD = /\b(#{FLAGS.keys.join('|')}):(?=\s|\z)/.freeze
+
       def run(target)
-        kw = options.slice(:requests, :sample_every, :warmup, :pid, :concurrency, :path, :min_leak, :attribute)
-        kw[:gc_budget] = options[:gc] ? 1.0 : 0.0 unless options[:gc].nil?
+        kw = options.slice(:pid, :concurrency).merge(soak_options)
         Memkit::Soak.run(target, **kw, progress: options[:json] ? nil : err)
+      end
+
+      # The options a comparison run repeats: everything but the URL ones.
+      def soak_options
+        kw = options.slice(:requests, :sample_every, :warmup, :path, :min_leak, :attribute)
+        kw[:gc_budget] = options[:gc] ? 1.0 : 0.0 unless options[:gc].nil?
+        kw
+      end
+
+      # Re-raises a library error with keyword names turned into the flags.
+      def translated
+        yield
+      rescue Memkit::Error => e
+        message = e.message.gsub(KEYWORD) { FLAGS.fetch(Regexp.last_match(1).to_sym) }.sub(/\Acomparison /, "--compare ")
+        raise e if message == e.message
+
+        raise e.class, message
       end
 
       def check_outputs
@@ -58,15 +82,6 @@ module Memkit
           raise UsageError, "--plot #{plot}: the file name must end in .svg or .html"
         end
         options.slice(:csv, :plot).each { |opt, path| Memkit::Soak::AtomicFile.check!(path, "--#{opt}") }
-      end
-
-      def child_args
-        args = []
-        { requests: "--requests", sample_every: "--sample-every", warmup: "--warmup", path: "--path",
-          min_leak: "--min-leak" }.each { |key, flag| args.push(flag, options[key].to_s) if options.key?(key) }
-        args << (options[:gc] ? "--gc" : "--no-gc") unless options[:gc].nil?
-        args << (options[:attribute] ? "--attribute" : "--no-attribute") unless options[:attribute].nil?
-        args
       end
 
       def write_files(results)

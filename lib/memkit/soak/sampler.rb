@@ -82,7 +82,7 @@ module Memkit
         out = []
         queue = [@pid]
         until queue.empty?
-          kids = children[queue.shift]
+          kids = children.fetch(queue.shift, [])
           out.concat(kids)
           queue.concat(kids)
         end
