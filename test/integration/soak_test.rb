@@ -133,7 +133,7 @@ class SoakTest < Minitest::Test
     out, err, status = Open3.capture3(env, RbConfig.ruby, "--disable-gems", EXE, "soak", fixture("leak.ru"), "--requests", "100")
     assert_equal 1, status.exitstatus, err
     assert_empty out
-    assert_equal ["memkit: memkit soak leak.ru needs the rack gem (add it to your Gemfile, or soak a URL with --pid)\n"], err.lines
+    assert_equal ["memkit: soaking leak.ru needs the rack gem (add it to your Gemfile, or soak a URL with --pid)\n"], err.lines
   end
 
   def test_bad_options_are_usage_errors

@@ -53,7 +53,7 @@ module Memkit
       # name keywords ("requests: must be ..."), the user typed flags.
       FLAGS = { requests: "--requests", sample_every: "--sample-every", warmup: "--warmup", pid: "--pid",
                 concurrency: "--concurrency", path: "--path", min_leak: "--min-leak", gc_budget: "--[no-]gc" }.freeze
-      KEYWORD = /\b(#{FLAGS.keys.join('|')}):(?=\s|\z)/.freeze
+      KEYWORD = /\b(#{FLAGS.keys.join('|')}):(?=[\s),.]|\z)/.freeze
 
       def run(target)
         kw = options.slice(:pid, :concurrency).merge(soak_options)
