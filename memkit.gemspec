@@ -13,7 +13,8 @@ Gem::Specification.new do |spec|
   spec.license = "MIT"
   spec.required_ruby_version = ">= 3.1"
 
-  spec.files = Dir["lib/**/*.rb", "lib/memkit/demo/*", "ext/**/*.{c,rb}", "exe/*", "README.md", "CHANGELOG.md", "LICENSE", "docs/**/*"]
+  spec.files = Dir["lib/**/*.rb", "lib/memkit/demo/*", "ext/**/*.{c,rb}", "exe/*",
+                   "README.md", "CHANGELOG.md", "LICENSE", "docs/**/*"]
   spec.bindir = "exe"
   spec.executables = ["memkit"]
   spec.require_paths = ["lib"]

@@ -5,7 +5,7 @@
 # nakayoshi_fork gem, puma_old = 4 minor GCs + GC.compact in before_fork):
 #   none    nothing        plugin  plugin :memkit
 #   hook    before_fork { Memkit.warmup }
-#   nofill  before_fork { Memkit.warmup(fill: false) }
+#   nofill  before_fork { Memkit.warmup(fill: false) }   fill  before_fork { Memkit.warmup(fill: true) }
 #   fork    require "memkit/fork"
 #   process_warmup  before_fork { Process.warmup } (Ruby 3.3+, the anchor)
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
@@ -23,6 +23,7 @@ require "nakayoshi_fork" if mode.include?("nakayoshi") # the anchor gem: minor G
 plugin :memkit if mode.include?("plugin")
 before_fork { Memkit.warmup } if mode.include?("hook")
 before_fork { Memkit.warmup(fill: false) } if mode.include?("nofill")
+before_fork { Memkit.warmup(fill: true) } if mode.include?("fill")
 before_fork { Process.warmup } if mode.include?("process_warmup")
 if mode.include?("puma_old") # what Puma's nakayoshi_fork option did before it was removed
   before_fork do

@@ -122,11 +122,17 @@ module CowServers
     seen.keys
   end
 
-  # memkit's exact figures, and smem's (rss - uss) over the master's rss.
+  # What the user pays first: the tree's total PSS (master + workers) and
+  # each worker's USS; then sharing, memkit's exact figures and smem's
+  # (rss - uss) over the master's rss.
   def measure(server)
+    tree = Memkit::Tree.read(server.pid)
     cow = Memkit::Cow.read(server.pid)
     smem = smem_shared(server.pid, cow.workers.map(&:pid))
-    { master_rss: cow.master_rss, method: cow.method,
+    workers = tree.nodes.reject { |n| n.pid == server.pid }
+    { tree_pss: tree.total_pss, master_pss: tree.nodes.find { |n| n.pid == server.pid }.memory.pss,
+      worker_uss: workers.map { |n| n.memory.uss },
+      master_rss: cow.master_rss, method: cow.method,
       workers: cow.workers.map do |w|
         { pid: w.pid, shared_pct: w.shared_pct, private_dirty: w.private_dirty,
           smem_shared_pct: smem[:workers][w.pid] && (100.0 * smem[:workers][w.pid] / smem[:master]).round(2) }
@@ -144,36 +150,57 @@ module CowServers
 
   def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
+  def mb(bytes) = format("%.1f MB", bytes / 1_000_000.0)
+
   def main(argv)
     require "optparse"
-    opts = { requests: 2000, scale: 1.0, servers: %w[unicorn puma], modes: nil }
+    opts = { requests: 2000, scale: 1.0, servers: %w[unicorn puma], modes: nil, repeat: 1 }
     OptionParser.new do |o|
       o.on("--requests N", Integer) { |v| opts[:requests] = v }
       o.on("--scale X", Float) { |v| opts[:scale] = v }
       o.on("--servers LIST", Array) { |v| opts[:servers] = v }
       o.on("--modes LIST", Array) { |v| opts[:modes] = v }
+      o.on("--repeat N", Integer, "boots per mode (default 1)") { |v| opts[:repeat] = v }
     end.parse!(argv)
     puts "cow_servers: ruby #{RUBY_VERSION}, #{opts[:requests]} requests per worker, app scale #{opts[:scale]}, 4 workers"
     rows = []
     opts[:servers].each do |name|
       modes = opts[:modes] || (name == "puma" ? %w[none nakayoshi puma_old plugin plugin+fork] : %w[none nakayoshi puma_old hook hook+fork])
       modes.each do |mode|
-        server = start(name, mode, scale: opts[:scale], requests: opts[:requests])
-        begin
-          drive(server, opts[:requests])
-          gc_all(server)
-          m = measure(server)
-          shared = m[:workers].map { |w| w[:shared_pct] }
-          smem = m[:workers].map { |w| w[:smem_shared_pct] }.compact
-          rows << [name, mode, Memkit::Units.human(m[:master_rss]), format("%.1f", shared.min), format("%.1f", shared.sum / shared.size),
-                   smem.empty? ? "-" : format("%.1f", smem.min),
-                   Memkit::Units.human(m[:workers].sum { |w| w[:private_dirty] } / m[:workers].size)]
-        ensure
-          stop(server)
+        opts[:repeat].times do
+          server = start(name, mode, scale: opts[:scale], requests: opts[:requests])
+          begin
+            drive(server, opts[:requests])
+            gc_all(server)
+            m = measure(server)
+            shared = m[:workers].map { |w| w[:shared_pct] }
+            smem = m[:workers].map { |w| w[:smem_shared_pct] }.compact
+            rows << { server: name, mode: mode, tree: m[:tree_pss],
+                      cells: [name, mode, mb(m[:tree_pss]), mb(m[:master_pss]), mb(m[:worker_uss].sum / m[:worker_uss].size),
+                              mb(m[:worker_uss].max), mb(m[:master_rss]), format("%.1f", shared.sum / shared.size),
+                              smem.empty? ? "-" : format("%.1f", smem.min)] }
+          ensure
+            stop(server)
+          end
         end
       end
     end
-    puts Memkit::CLI.table(%w[server mode master_rss min_shared% mean_shared% smem_min_shared% worker_priv_dirty], rows, left: [0, 1])
+    puts Memkit::CLI.table(%w[server mode tree_pss master_pss worker_uss max_uss master_rss mean_shared% smem_min_shared%],
+                           rows.map { |r| r[:cells] }, left: [0, 1])
+    rows.group_by { |r| r[:server] }.each do |server, list|
+      mean = ->(mode) { (t = list.select { |r| r[:mode] == mode }.map { |r| r[:tree] }).empty? ? nil : t.sum.fdiv(t.size) }
+      plain = mean.call("none")
+      anchors = %w[nakayoshi process_warmup puma_old].filter_map { |a| (v = mean.call(a)) && [a, v] }
+      best = anchors.min_by(&:last)
+      list.map { |r| r[:mode] }.uniq.each do |mode|
+        line = format("%-8s %-16s tree %s", server, mode, mb(mean.call(mode)))
+        line << format("  %.2fx plain", mean.call(mode) / plain) if plain
+        line << format("  %.2fx best anchor (%s)", mean.call(mode) / best[1], best[0]) if best
+        puts line
+      end
+    end
+    puts "tree_pss = total PSS of master + workers after the requests and a full GC in each worker (what the server costs)"
+    puts "worker_uss = a worker's private memory (mean and max); master_pss = the master's share of the tree"
     puts "shared% = pages each worker maps on the same physical frame as its master / master rss (memkit, pagemap)"
     puts "smem shared% = (worker rss - worker uss) / master rss"
   end

@@ -18,6 +18,15 @@ module OobgcBench
   # minor GCs (the app the recorded bench/RESULTS.md runs used).
   KEEP = Integer(ENV.fetch("OOBGC_KEEP", "0"))
   RECENT = []
+  # OOBGC_MALLOC_KB=N: each request also builds an N KiB string (malloc'd,
+  # not object slots), as a rendered page or an upload buffer is.
+  MALLOC = Integer(ENV.fetch("OOBGC_MALLOC_KB", "0")) * 1024
+  # OOBGC_GROW=N: each request adds N rows to a cache that is never pruned,
+  # so the live heap grows for as long as the worker runs.
+  GROW = Integer(ENV.fetch("OOBGC_GROW", "0"))
+  CACHE = []
+  # The probe ignores each worker's first SKIP requests (warm-up).
+  SKIP = Integer(ENV.fetch("OOBGC_SKIP", "100"))
 
   def self.render
     rows = Array.new(ROWS) do |i|
@@ -27,40 +36,51 @@ module OobgcBench
       RECENT << rows
       RECENT.shift while RECENT.size > KEEP
     end
-    JSON.generate(rows).bytesize.to_s
+    CACHE.concat(rows.first(GROW).map(&:dup)) if GROW.positive?
+    size = JSON.generate(rows).bytesize
+    size += ("x" * MALLOC).bytesize if MALLOC.positive?
+    size.to_s
   end
 
   # Counts, independently of Memkit::OobGC, how many GC runs happen while a
   # request is being served and how many in all; the workers write the figures
-  # to DIR/gc-PID.json when they exit. Touching DIR/reset zeroes them (checked
-  # every 0.2 s), so warm-up requests do not count. Single-threaded servers only.
+  # (and their RSS) to DIR/gc-PID.json when they exit. They start counting at
+  # each worker's SKIP+1st request; touching DIR/reset zeroes them too
+  # (checked every 0.2 s). Single-threaded servers only.
   class Probe
     def initialize(app, dir)
       @app = app
       @dir = dir
       @reset_seen = nil
       @next_check = 0
+      @seen = 0
       zero
       at_exit { write }
     end
 
     def call(env)
       check_reset
+      @seen += 1
+      zero(seen: @seen) if @seen == SKIP + 1
       before = GC.count
+      major = GC.stat(:major_gc_count)
       response = @app.call(env)
       @inside += GC.count - before
+      @inside_major += GC.stat(:major_gc_count) - major
       @requests += 1
       response
     end
 
     private
 
-    def zero
+    def zero(seen: 0)
+      @seen = seen
       @base = GC.count
       @base_major = GC.stat(:major_gc_count)
       @base_time = GC.stat(:time)
       @base_cpu = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID, :float_millisecond)
       @inside = 0
+      @inside_major = 0
       @requests = 0
     end
 
@@ -76,13 +96,21 @@ module OobgcBench
       zero
     end
 
+    def oob_stats
+      s = Memkit::OobGC.stats
+      { grow_runs: s.grow_runs, heap_grown_bytes: s.heap_grown_bytes, heap_bytes: s.heap_bytes, gave_up: s.gave_up,
+        boot_env: s.boot_env, policy: s.policy }
+    end
+
     def write
       return if @requests.zero?
 
       File.write(File.join(@dir, "gc-#{Process.pid}.json"),
-                 JSON.generate(requests: @requests, gc_total: GC.count - @base, gc_inside: @inside,
+                 JSON.generate(requests: @requests, gc_total: GC.count - @base, gc_inside: @inside, gc_inside_major: @inside_major,
                                gc_major: GC.stat(:major_gc_count) - @base_major,
-                               gc_ms: GC.stat(:time) - @base_time,
+                               gc_ms: GC.stat(:time) - @base_time, skipped: @seen - @requests,
+                               rss_kb: File.read("/proc/self/status")[/VmRSS:\s+(\d+)/, 1].to_i,
+                               oob: defined?(Memkit::OobGC::Counters) ? oob_stats : nil,
                                cpu_ms: Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID, :float_millisecond) - @base_cpu))
     end
   end

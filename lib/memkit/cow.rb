@@ -10,17 +10,21 @@ module Memkit
   # CAP_SYS_ADMIN; then the figure falls back to an estimate, the worker's
   # Shared_Clean + Shared_Dirty from smaps (pages it shares with anyone, which
   # for a forked worker are nearly all its master's) over the master's rss.
+  #
+  # What the server costs is tree_pss (master + workers, each shared page
+  # split between its sharers) and each worker's uss; shared_pct grows when
+  # the master grows too, so it is read beside master_rss, never alone.
   class Cow
     PFN_MASK = (1 << 55) - 1
     PRESENT = 1 << 63
     CHUNK = 4096 # pagemap entries per read: 32 KiB
 
-    Worker = Struct.new(:pid, :rss, :shared_with_master, :shared_pct, :private_dirty, :method,
+    Worker = Struct.new(:pid, :rss, :pss, :uss, :shared_with_master, :shared_pct, :private_dirty, :method,
                         keyword_init: true) do
       def to_h = super
     end
 
-    attr_reader :master_pid, :master_rss, :master_private_dirty, :workers, :method
+    attr_reader :master_pid, :master_rss, :master_pss, :master_private_dirty, :workers, :method
 
     # master: a pid; workers: pids, or nil for the master's direct children.
     # exact: :auto (pagemap when frame numbers are visible), true, or false.
@@ -43,6 +47,7 @@ module Memkit
       @root = root
       master_memory = Memory.read(master, root: root)
       @master_private_dirty = master_memory.private_dirty
+      @master_pss = master_memory.pss
       frames = exact == false ? nil : self.class.frames(master, root)
       frames = nil if frames && frames.all? { |_, _, e| e.none? { |v| v & PFN_MASK != 0 } }
       raise PermissionDenied, "/proc/#{master}/pagemap shows no page frame numbers (needs CAP_SYS_ADMIN)" if exact == true && frames.nil?
@@ -53,9 +58,12 @@ module Memkit
       freeze
     end
 
+    # Total PSS of the master and the workers read: the tree's real footprint.
+    def tree_pss = master_pss + workers.sum(&:pss)
+
     def to_h
-      { master: { pid: master_pid, rss: master_rss, private_dirty: master_private_dirty }, method: method,
-        workers: workers.map(&:to_h) }
+      { master: { pid: master_pid, rss: master_rss, pss: master_pss, private_dirty: master_private_dirty },
+        tree_pss: tree_pss, method: method, workers: workers.map(&:to_h) }
     end
 
     # [[start, finish, entries]] for every mapping of pid; entries are raw
@@ -100,7 +108,8 @@ module Memkit
           memory.shared
         end
       pct = master_rss.zero? ? 0.0 : [100.0 * shared / master_rss, 100.0].min
-      Worker.new(pid: pid, rss: memory.rss, shared_with_master: shared, shared_pct: pct.round(2),
+      Worker.new(pid: pid, rss: memory.rss, pss: memory.pss, uss: memory.uss, shared_with_master: shared,
+                 shared_pct: pct.round(2),
                  private_dirty: memory.private_dirty, method: @method)
     rescue NoSuchProcess
       nil # a worker that exited while we read it is no longer part of the answer

@@ -121,8 +121,8 @@ module Memkit
                 "(#{(before - worker_pids(pid)).size} of the original #{before.size} are gone)."
     end
 
-    # After more requests, so the workers that replaced the bloated ones are
-    # past their first GCs, which OobGC leaves to Ruby (see OobGC#settled?).
+    # After more requests, so the workers that replaced the bloated ones
+    # have learned what a request allocates.
     # /metrics answers for one worker: asked by several clients at once, and
     # again, more of the workers answer.
     def oob_gc
@@ -143,7 +143,7 @@ module Memkit
       watched = total.("watched_runs")
       @out.puts "", "#{more} more requests. Memkit::OobGC in #{seen.size} workers: #{total.('runs')} GC runs between " \
                     "requests, #{total.('inside_request_runs')} inside requests" \
-                    "#{" (#{watched} left to Ruby while a new worker's heap settled)" if watched.positive?}."
+                    "#{" (#{watched} while OobGC could not keep up: see OobGC.stats.gave_up)" if watched.positive?}."
     end
 
     def worker_pids(pid) = Tree.read(pid).nodes.drop(1).map(&:pid)

@@ -1,9 +1,9 @@
 # frozen_string_literal: true
 
-require "json"
-require "open3"
 require "rbconfig"
-require "timeout"
+require_relative "allocator"
+require_relative "cgroup"
+require_relative "doctor/probe_runner"
 
 module Memkit
   # The settings and limits that decide how much memory a forking Ruby
@@ -26,17 +26,23 @@ module Memkit
 
     # Variables copied from the target into the probe: the ones that change
     # how Ruby and malloc lay out memory.
-    PROBE_ENV = /\A(RUBY_(GC|FIBER|THREAD|SHARED_FIBER)_|MALLOC_|GLIBC_TUNABLES\z|LD_PRELOAD\z|LD_LIBRARY_PATH\z|RUBY_YJIT_ENABLE\z)/
+    PROBE_ENV = /\A(RUBY_(GC|FIBER|THREAD|SHARED_FIBER)_|MALLOC_|
+                  GLIBC_TUNABLES\z|LD_PRELOAD\z|LD_LIBRARY_PATH\z|RUBY_YJIT_ENABLE\z)/x
 
     attr_reader :pid
 
     # pid: nil for this process. probe: false skips the Ruby probe (the
     # measured fiber and GC checks). fibers: how many fibers the probe makes.
+    # timeout: seconds the probe may run before it is killed and its checks
+    # are reported as not measured.
     def initialize(pid: nil, probe: true, fibers: 1000, timeout: 60)
       @pid = pid.nil? ? nil : ProcFS.pid!(pid)
       @probe = probe
-      @fibers = Integer(fibers)
-      raise InvalidArgument, "Doctor fibers: expected a positive Integer, got #{fibers.inspect}" unless @fibers.positive?
+      @fibers = fibers
+      raise InvalidArgument, "Doctor fibers: expected a positive Integer, got #{fibers.inspect}" unless
+        fibers.is_a?(Integer) && fibers.positive?
+      raise InvalidArgument, "Doctor timeout: expected a positive number of seconds, got #{timeout.inspect}" unless
+        timeout.is_a?(Numeric) && timeout.positive?
 
       @timeout = timeout
     end
@@ -45,6 +51,7 @@ module Memkit
       @checks ||= begin
         target = @pid || Process.pid
         ProcFS.read(target, "stat") # fail early, with NoSuchProcess or PermissionDenied
+        raise_if_kernel_thread(target)
         probe = ruby_probe
         list = ruby_checks(probe)
         list << guarded("gc.env") { gc_env }
@@ -67,6 +74,20 @@ module Memkit
     private
 
     def target = @pid || Process.pid
+
+    # PF_KTHREAD in /proc/PID/stat's flags (field 9): kthreadd and its
+    # children have no user address space, so their environ, maps and exe
+    # read as if the process were gone.
+    PF_KTHREAD = 0x00200000
+
+    def raise_if_kernel_thread(pid)
+      stat = ProcFS.read(pid, "stat")
+      name = stat[/\((.*)\)/m, 1]
+      flags = stat[(stat.rindex(")") + 2)..].split[6].to_i
+      return if (flags & PF_KTHREAD).zero?
+
+      raise KernelThread, "pid #{pid} (#{name}) is a kernel thread: it has no user memory to diagnose"
+    end
 
     # The status of a resource used to the fraction `used` of its limit.
     def level(used, warn:, fail: 0.9)
@@ -133,16 +154,7 @@ module Memkit
 
       probe_env = env.select { |k, _| k.match?(PROBE_ENV) }
       probe_env["PATH"] = ENV.fetch("PATH", "/usr/bin:/bin")
-      out, err, status = Timeout.timeout(@timeout) do
-        Open3.capture3(probe_env, ruby, "--disable-gems", "-e", PROBE, @fibers.to_s, unsetenv_others: true)
-      end
-      return { skipped: "the probe failed: #{err.lines.last.to_s.strip}" } unless status.success?
-
-      JSON.parse(out, symbolize_names: true)
-    rescue Timeout::Error
-      { skipped: "the probe took longer than #{@timeout}s" }
-    rescue JSON::ParserError, SystemCallError => e
-      { skipped: "the probe failed: #{e.message}" }
+      ProbeRunner.new(ruby: ruby, env: probe_env, args: [@fibers], timeout: @timeout).call
     end
 
     def exe_name
@@ -166,9 +178,9 @@ module Memkit
                  "no Process.warmup (Ruby 3.3+): call Memkit.warmup in the master before forking workers"
                end
       list << check("ruby", probe[:description], :ok, advice)
-      list << check("gc.features", f, :ok,
-                    "#{f[:size_pools] ? "#{f[:size_pools]} heap size pools" : 'one heap slot size'}; " \
-                    "GC.compact #{f[:gc_compact] ? 'available (compact before fork to pack the shared heap)' : 'unavailable'}")
+      compact = f[:gc_compact] ? "available (compact before fork to pack the shared heap)" : "unavailable"
+      pools = f[:size_pools] ? "#{f[:size_pools]} heap size pools" : "one heap slot size"
+      list << check("gc.features", f, :ok, "#{pools}; GC.compact #{compact}")
       list << young_objects_after_fork(probe[:age])
       list << fiber_stack_size(probe[:fiber])
       list << fiber_stack_release(probe[:fiber])
@@ -243,12 +255,7 @@ module Memkit
     # --- allocator ------------------------------------------------------
 
     def allocator
-      maps = ProcFS.read(target, "maps")
-      name = if maps.match?(/libjemalloc/) then "jemalloc"
-             elsif maps.match?(/libtcmalloc/) then "tcmalloc"
-             elsif maps.match?(/libmimalloc/) then "mimalloc"
-             else "glibc"
-             end
+      name = Allocator.name(target)
       advice = if name == "glibc"
                  "glibc malloc: one arena per thread up to 8 x cores fragments threaded servers; set " \
                    "MALLOC_ARENA_MAX=2 or preload jemalloc (LD_PRELOAD=libjemalloc.so.2)"
@@ -260,10 +267,14 @@ module Memkit
 
     def malloc_arena_max
       env = environ_or_nil
-      return check("MALLOC_ARENA_MAX", nil, :warn, "cannot read /proc/#{@pid}/environ (run as the same user or root)") unless env
+      unless env
+        return check("MALLOC_ARENA_MAX", nil, :warn, "cannot read /proc/#{@pid}/environ (run as the same user or root)")
+      end
 
       value = env["MALLOC_ARENA_MAX"]
-      threads = Status.read(target).threads
+      # For this process, its Ruby threads: the kernel's count also has the
+      # VM's timer thread (Ruby 3.3+), which is not a server thread.
+      threads = @pid ? Status.read(target).threads : Thread.list.size
       glibc = allocator.value == "glibc"
       if !glibc
         check("MALLOC_ARENA_MAX", value, :ok, "not glibc malloc: MALLOC_ARENA_MAX does not apply")
@@ -324,7 +335,8 @@ module Memkit
               "strict accounting (ratio #{ratio}%): every fork commits the master's whole private memory even " \
               "though copy-on-write shares it, so forking workers can fail with ENOMEM")
       when 1
-        check("vm.overcommit_memory", mode, :ok, "always overcommit: forks never fail for commit charge; the OOM killer decides")
+        check("vm.overcommit_memory", mode, :ok,
+              "always overcommit: forks never fail for commit charge; the OOM killer decides")
       else
         check("vm.overcommit_memory", mode, :ok, "heuristic overcommit (the default): forking a large master is fine")
       end
@@ -335,7 +347,8 @@ module Memkit
       total = meminfo.fetch("SwapTotal", 0)
       process = Status.read(target).vm_swap
       swappiness = read_sys("/proc/sys/vm/swappiness").to_i
-      value = { "total" => total, "free" => meminfo.fetch("SwapFree", 0), "process" => process, "swappiness" => swappiness }
+      value = { "total" => total, "free" => meminfo.fetch("SwapFree", 0), "process" => process,
+                "swappiness" => swappiness }
       if total.zero?
         check("swap", value, :ok, "no swap: when memory runs out the OOM killer ends a process instead of slowing it")
       elsif process.positive?
@@ -348,62 +361,30 @@ module Memkit
     end
 
     # cgroup v2 (memory.max, memory.current) or v1 (memory.limit_in_bytes,
-    # memory.usage_in_bytes), found through /proc/PID/cgroup and mountinfo.
+    # memory.usage_in_bytes), read by Memkit::Cgroup.
     def cgroup_memory
-      dir, version = cgroup_dir
-      return check("cgroup.memory", nil, :ok, "no memory cgroup controller mounted: no container limit") unless dir
+      cgroup = Cgroup.read(target)
+      value = { "version" => cgroup.version, "path" => cgroup.path, "max" => cgroup.limit, "current" => cgroup.usage }
+      return check("cgroup.memory", value, :ok, "no limit on #{cgroup.path}; usage #{Units.human(cgroup.usage)}") unless cgroup.limited?
 
-      if version == 2
-        max_raw = read_sys("#{dir}/memory.max")
-        current = read_sys("#{dir}/memory.current").to_i
-      else
-        max_raw = read_sys("#{dir}/memory.limit_in_bytes")
-        current = read_sys("#{dir}/memory.usage_in_bytes").to_i
-      end
-      max = max_raw == "max" ? nil : max_raw.to_i
-      # cgroup v1 spells "no limit" as the largest page-aligned long.
-      max = nil if max && max >= (2**63) - 4096 * 2
-      value = { "version" => version, "path" => dir, "max" => max, "current" => current }
-      return check("cgroup.memory", value, :ok, "no limit on #{dir}; usage #{Units.human(current)}") unless max
-
-      used = current.fdiv(max)
+      used = cgroup.usage.fdiv(cgroup.limit)
       status = level(used, warn: 0.75)
       check("cgroup.memory", value, status,
-            "#{Units.human(current)} of #{Units.human(max)} (#{(used * 100).round}%) used, page cache included; " \
+            "#{Units.human(cgroup.usage)} of #{Units.human(cgroup.limit)} (#{(used * 100).round}%) used, page cache included; " \
             "at the limit the kernel reclaims cache, then OOM-kills inside the container")
-    rescue Errno::ENOENT, Errno::EACCES => e
+    rescue Cgroup::NotFound
+      check("cgroup.memory", nil, :ok, "no memory cgroup controller mounted: no container limit")
+    rescue ParseError, PermissionDenied => e
       check("cgroup.memory", nil, :warn, "cannot read the memory cgroup: #{e.message}")
-    end
-
-    def cgroup_dir
-      lines = ProcFS.read(target, "cgroup").lines(chomp: true).map { |l| l.split(":", 3) }
-      mounts = File.readlines("/proc/self/mountinfo", chomp: true).map(&:split)
-      v1 = lines.find { |_, controllers, _| controllers.split(",").include?("memory") }
-      if v1
-        mount = mounts.find { |f| f[f.index("-") + 1] == "cgroup" && f.last.split(",").include?("memory") }
-        return [cgroup_path(mount, v1[2]), 1] if mount
-      end
-      v2 = lines.find { |id, _, _| id == "0" }
-      mount = mounts.find { |f| f[f.index("-") + 1] == "cgroup2" }
-      return nil unless v2 && mount
-
-      dir = cgroup_path(mount, v2[2])
-      File.exist?("#{dir}/memory.current") ? [dir, 2] : nil
-    end
-
-    # mountinfo field 4 is the cgroup path mounted there (not "/" inside a
-    # container with its own cgroup namespace), field 5 the mount point.
-    def cgroup_path(mount, path)
-      root = mount[3]
-      rel = path.start_with?(root) ? path.delete_prefix(root) : path
-      File.join(mount[4], rel).chomp("/")
     end
 
     def address_space_limit(probe)
       limits = ProcFS.read(target, "limits")
       line = limits.lines.find { |l| l.start_with?("Max address space") } or return nil
       soft = line.split[3]
-      return check("rlimit.address_space", "unlimited", :ok, "no RLIMIT_AS: fiber stacks only cost address space") if soft == "unlimited"
+      if soft == "unlimited"
+        return check("rlimit.address_space", "unlimited", :ok, "no RLIMIT_AS: fiber stacks only cost address space")
+      end
 
       limit = soft.to_i
       size = Status.read(target).vm_size
@@ -413,111 +394,5 @@ module Memkit
             "#{Units.human(size)} of #{Units.human(limit)} address space in use" \
             "#{per ? "; each live fiber reserves #{Units.human(per)}" : ''}: mmap fails at the limit")
     end
-
-    # Runs in the target's Ruby with `ruby --disable-gems -e PROBE N`. It may
-    # be a different Ruby from memkit's, so it uses nothing but core Ruby.
-    PROBE = <<~'RUBY'
-      require "json"
-      count = Integer(ARGV[0])
-      PAGE = 4096
-      def stack_memory
-        rss = lazy = 0
-        prev = cur = nil
-        File.foreach("/proc/self/smaps") do |line|
-          if (m = line.chomp.match(/\A(\h+)-(\h+) (\S{4}) \h+ \S+ \d+ *(.*)\z/))
-            prev = cur
-            cur = { start: m[1].to_i(16), finish: m[2].to_i(16), perms: m[3], path: m[4] }
-            # Fiber and thread stacks: anonymous, directly above a PROT_NONE guard page.
-            cur[:stack] = cur[:path].empty? && prev && prev[:perms].start_with?("---") && prev[:path].empty? &&
-                          prev[:finish] == cur[:start]
-          elsif cur && cur[:stack] && (f = line.match(/\A(Rss|LazyFree):\s+(\d+) kB/))
-            f[1] == "Rss" ? rss += f[2].to_i * 1024 : lazy += f[2].to_i * 1024
-          end
-        end
-        [rss, lazy]
-      end
-      def rss = File.read("/proc/self/statm").split[1].to_i * PAGE
-      def vsize = File.read("/proc/self/statm").split[0].to_i * PAGE
-      def maps = File.read("/proc/self/maps").count("\n")
-      def deep(n) = n.zero? ? Fiber.yield : deep(n - 1)
-
-      params = defined?(RubyVM::DEFAULT_PARAMS) ? RubyVM::DEFAULT_PARAMS : {}
-      consts = defined?(GC::INTERNAL_CONSTANTS) ? GC::INTERNAL_CONSTANTS : {}
-      features = {
-        process_warmup: Process.respond_to?(:warmup),
-        gc_compact: GC.respond_to?(:compact),
-        gc_auto_compact: GC.respond_to?(:auto_compact),
-        size_pools: consts[:SIZE_POOL_COUNT] || consts[:HEAP_COUNT],
-        yjit: defined?(RubyVM::YJIT) ? RubyVM::YJIT.enabled? : false
-      }
-
-      # Young objects after fork: a child runs one minor GC; how much of the
-      # heap holding them does it copy?
-      age = begin
-        GC.start
-        GC.start
-        objects = Array.new(100_000) { Object.new }
-        slot = GC.stat(:heap_live_slots) ? (consts[:RVALUE_SIZE] || consts[:BASE_SLOT_SIZE] || 40) : 40
-        r, w = IO.pipe
-        r2, w2 = IO.pipe
-        child = fork do
-          r.close
-          w2.close
-          w.write("a")
-          r2.read(1)
-          GC.start(full_mark: false)
-          w.write("b")
-          r2.read(1)
-          exit!(0)
-        end
-        w.close
-        r2.close
-        dirty = -> { File.read("/proc/#{child}/smaps_rollup")[/^Private_Dirty:\s+(\d+)/, 1].to_i * 1024 }
-        r.read(1)
-        before = dirty.call
-        w2.write("x")
-        r.read(1)
-        after = dirty.call
-        w2.write("x")
-        Process.wait(child)
-        { objects: objects.size, heap_bytes: objects.size * slot, dirtied: after - before }
-      rescue StandardError, NotImplementedError => e
-        { error: "#{e.class}: #{e.message}" }
-      end
-      objects = nil
-
-      # Fiber stacks: make `count` fibers that each use some stack, let them
-      # finish, collect them, and see whether the stacks' memory went back.
-      GC.start
-      base_rss, = stack_memory
-      rss0 = rss
-      vsize0 = vsize
-      maps0 = maps
-      fibers = Array.new(count) { Fiber.new { deep(100) }.tap(&:resume) }
-      peak_rss, = stack_memory
-      per_rss = (rss - rss0) / count
-      per_vsize = (vsize - vsize0) / count
-      per_maps = ((maps - maps0).to_f / count).round(2)
-      fibers.each(&:resume)
-      fibers = nil
-      GC.start
-      GC.start
-      after_rss, lazy = stack_memory
-      grown = peak_rss - base_rss
-      release =
-        if grown <= 0 then "unknown"
-        elsif after_rss - base_rss <= grown / 2 then "returned"
-        elsif lazy >= grown / 2 then "lazy"
-        else "kept"
-        end
-      puts JSON.generate(
-        description: RUBY_DESCRIPTION, features: features, age: age,
-        fiber: {
-          count: count, vm_stack_size: params[:fiber_vm_stack_size], machine_stack_size: params[:fiber_machine_stack_size],
-          rss_per_fiber: per_rss, address_space_per_fiber: per_vsize, mappings_per_fiber: per_maps,
-          base_rss: base_rss, peak_rss: peak_rss, after_rss: after_rss, lazy_free: lazy, release: release
-        }
-      )
-    RUBY
   end
 end

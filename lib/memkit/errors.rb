@@ -8,6 +8,10 @@ module Memkit
   # The process is gone (or never existed), or it exited while we read it.
   class NoSuchProcess < Error; end
 
+  # The pid is a kernel thread (kthreadd and its children): alive, but with
+  # no user address space, so no user memory to measure.
+  class KernelThread < Error; end
+
   # The kernel refused to show another user's /proc files (or ptrace checks).
   class PermissionDenied < Error; end
 

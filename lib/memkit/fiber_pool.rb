@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require_relative "errors"
 require_relative "native"
 
 module Memkit
@@ -33,6 +34,12 @@ module Memkit
   # jobs are suspended at once: #run raises FiberPool::Exhausted instead of
   # blocking, because nothing on this thread could free a fiber while it
   # waited. Fibers beyond `max_idle` end when their job does.
+  #
+  # Two implementations, chosen once when this file loads (the way io-event
+  # picks its selector): FiberPool::NativeCore in C (ext/memkit) when it is
+  # built, else FiberPool::RubyCore. MEMKIT_NATIVE=0 in the environment
+  # forces the Ruby core. FiberPool.new returns an instance of FiberPool::CORE;
+  # both cores are FiberPools and can be made directly.
   class FiberPool
     # Raised by #run when `max` fibers are busy.
     class Exhausted < Error; end
@@ -51,12 +58,18 @@ module Memkit
     module ForkHook
       def _fork
         pid = super
-        POOLS.each_value { |pool| pool.__send__(:after_fork) } if pid.zero?
+        POOLS.each_value(&:after_fork) if pid.zero?
         pid
       end
     end
     private_constant :ForkHook
     Process.singleton_class.prepend(ForkHook)
+
+    # FiberPool.new(...) makes a pool on the chosen core; a core's own .new
+    # makes one of that core.
+    def self.new(...)
+      equal?(FiberPool) ? CORE.new(...) : super
+    end
 
     attr_reader :max_idle, :max
 
@@ -65,7 +78,7 @@ module Memkit
       @max = integer_option(:max, max, min: 1)
       raise InvalidArgument, "FiberPool max_idle (#{max_idle}) must not exceed max (#{max})" if @max_idle > @max
 
-      setup
+      setup(@max_idle, @max)
       POOLS[self] = self
     end
 
@@ -75,6 +88,11 @@ module Memkit
       "#<#{self.class.name} live=#{size} idle=#{idle} max_idle=#{max_idle} max=#{max}>"
     end
 
+    # Each core defines #run, #size, #idle, and #after_fork: in a fork
+    # child, forget the idle fibers copied from the parent (memkit's
+    # Process._fork hook calls it; call it yourself only in a child made
+    # without Process._fork, e.g. by a C extension's fork()).
+
     private
 
     def integer_option(name, value, min:)
@@ -82,224 +100,17 @@ module Memkit
 
       raise InvalidArgument, "FiberPool #{name}: expected an Integer >= #{min}, got #{value.inspect}"
     end
+  end
+end
 
-    def owner!(owner)
-      return if Thread.current.equal?(owner)
+require_relative "fiber_pool/ruby_core"
 
-      raise Error, "FiberPool belongs to #{owner.inspect} and was used from #{Thread.current.inspect}: " \
-                   "fibers cannot move between threads, so create one pool per thread"
-    end
-
-    def clear_storage
-      ::Fiber.current.storage&.each_key { |key| ::Fiber[key] = nil }
-    end
-
-    def restore_storage(storage)
-      storage.each { |key, value| ::Fiber[key] = value }
-    end
-
-    # The job suspended its fiber before finishing. The fiber stays with the
-    # job (it is not idle) until the job is done; meanwhile #run waits the way
-    # the job would have waited inline.
-    #
-    # Shared by both cores; what it reads and changes of the pool's state
-    # goes through done?, take_failed, lost_fiber and wait_queue.
-    def suspended(fiber, value)
-      unless fiber.alive?
-        lost_fiber
-        raise Error, "FiberPool: a job ended its own fiber (Fiber#kill?) before returning"
-      end
-
-      if ::Fiber.scheduler
-        if ::Fiber.current.blocking?
-          raise Error, "FiberPool: the job is waiting on the Fiber scheduler, but #run was called from a blocking " \
-                       "fiber, which cannot wait for it; call #run inside Fiber.schedule { }"
-        end
-        # The scheduler resumes the job's fiber itself, not us. Wait on a
-        # queue, which the scheduler understands, until the job finishes.
-        failed, value = wait_queue(fiber).pop
-        raise value if failed
-
-        return value
-      end
-
-      # No scheduler: the job yielded a value to our caller, as an inline
-      # Fiber.yield would. Pass it on, and pass the reply back in.
-      until done?
-        begin
-          reply = ::Fiber.yield(value)
-        rescue FiberError => e
-          # Inline, Fiber.yield from the root fiber raises inside the job.
-          value = fiber.raise(e)
-          next
-        end
-        value = fiber.resume(reply)
-      end
-      raise value if take_failed
-
-      value
-    end
-
-    # The pool's state and hot path in Ruby: the reference for, and the
-    # fallback when it is not built, the C core in ext/memkit/fiber_pool.c
-    # (on Ruby 3.1 every instance-variable access here costs about as much as
-    # the fiber switch, which keeps this core near 1.15x a new fiber per job).
-    module RubyCore
-      # Runs the block with args in a pooled fiber and returns its value, or
-      # raises what it raised.
-      #
-      # The job goes in as resume's one argument and its value comes out as
-      # Fiber.yield's; a second resume argument would make Fiber.yield build
-      # an array, and `job.call(*args)` with no args still pays for the
-      # splat, together a third of a bare switch. Arguments, when there are
-      # any, wait in @args. @done (set by the fiber just before it yields
-      # back; nested and interleaved jobs clear it before anything else can
-      # run) and @failed say what the value is. Identity checks and
-      # predicates cost a method call each here, so the flags are plain
-      # booleans.
-      def run(*args, &job)
-        raise InvalidArgument, "FiberPool#run needs a block" unless job
-
-        if (fiber = @hot)
-          @hot = nil
-        else
-          fiber = @idle.pop || spawn
-        end
-        @args = args unless args.empty?
-        @storage = ::Fiber.current.storage if STORAGE
-        # Stale only if someone else resumed a suspended job to its end.
-        @done = false
-        begin
-          value = fiber.resume(job)
-        rescue FiberError
-          raise unless foreign_thread?(fiber)
-        end
-        if @done
-          @done = false
-          return value unless @failed
-
-          @failed = false
-          raise value
-        end
-        suspended(fiber, value)
-      end
-
-      # Fibers alive now: idle ones plus those running (or suspended in) a job.
-      def size = @live
-
-      def idle = @idle.size + (@hot ? 1 : 0)
-
-      private
-
-      def setup
-        @thread = Thread.current
-        @hot = nil # the most recently parked fiber, kept out of @idle: cheaper
-        @idle = []
-        @live = 0
-        @args = @storage = nil
-        @done = @failed = false
-        @keep_hot = @max_idle.positive?
-        @waiting = nil # {fiber => Thread::Queue} for callers waiting under a scheduler
-      end
-
-      # In a fork child: forget the idle fibers copied from the parent; the
-      # VM frees their stacks with the objects. Busy ones stay counted: the
-      # job that called fork runs in one of them and may finish here. Only
-      # the forking thread survives fork, so it becomes the owner.
-      def after_fork
-        @live -= idle
-        @hot = nil
-        @idle = []
-        @waiting = nil
-        @thread = Thread.current
-      end
-
-      def done? = @done
-
-      def take_failed
-        failed = @failed
-        @done = @failed = false
-        failed
-      end
-
-      def lost_fiber = @live -= 1
-
-      def wait_queue(fiber)
-        (@waiting ||= {})[fiber] = Thread::Queue.new
-      end
-
-      # Ruby refused to resume the fiber because it belongs to another
-      # thread. The fiber never ran: park it again and say what happened.
-      def foreign_thread?(fiber)
-        return false if Thread.current.equal?(@thread)
-
-        @args = @storage = nil
-        @idle.push(fiber)
-        owner!(@thread)
-      end
-
-      def spawn
-        owner!(@thread)
-        raise Exhausted, "FiberPool: all #{@max} fibers are busy (max: #{@max}): that many jobs are nested or suspended" if @live >= @max
-
-        fiber = nil
-        fiber = ::Fiber.new do |job|
-          thread = Thread.current
-          clear_storage if STORAGE # Fiber.new copied its creator's storage
-          while true # rubocop:disable Style/InfiniteLoop -- no block call per job
-            if STORAGE && (storage = @storage)
-              @storage = nil
-              storage.each { |key, value| ::Fiber[key] = value }
-            end
-            begin
-              if (args = @args)
-                @args = nil
-                value = job.call(*args)
-              else
-                value = job.call
-              end
-            rescue Exception => e # rubocop:disable Lint/RescueException -- the caller gets all the job raised, as inline
-              value = e
-              @failed = true
-            end
-            job = args = nil
-            keys = thread.keys
-            keys.each { |key| thread[key] = nil } unless keys.empty?
-            clear_storage if STORAGE
-            # Park the fiber (inline: this runs for every job), or let it end.
-            if !@hot && @keep_hot
-              @hot = fiber
-              keep = true
-            elsif (keep = @idle.size + 1 < @max_idle)
-              @idle.push(fiber)
-            else
-              @live -= 1
-            end
-            if @waiting && (queue = @waiting.delete(fiber))
-              # Our caller waits on a queue (see #suspended): hand it the
-              # outcome there, then yield to whoever resumed us, the scheduler.
-              @waiting = nil if @waiting.empty?
-              queue.push([@failed, value])
-              @failed = false
-              break unless keep
-
-              job = ::Fiber.yield
-            else
-              @done = true
-              break value unless keep
-
-              job = ::Fiber.yield(value)
-            end
-          end
-        end
-        # Counted once made: Fiber.new fails when the process is out of
-        # mappings (vm.max_map_count), and that fiber never lived.
-        @live += 1
-        fiber
-      end
-    end
-
-    NATIVE = Native::LOADED && Native.install_fiber_pool(self)
-    include RubyCore unless NATIVE
+module Memkit
+  class FiberPool
+    # Why C (ext/memkit/fiber_pool.c): on Ruby 3.1 the C core runs a job
+    # 1.87x as fast as a new fiber per job, the Ruby core 1.24x, and the
+    # goal is 1.5x (docs/BENCHMARKS.md, "FiberPool"). On 3.3+ both pass it.
+    # The C file defines FiberPool::NativeCore when asked, and only then.
+    CORE = Native::LOADED ? Native.define_fiber_pool_core(self) : RubyCore
   end
 end

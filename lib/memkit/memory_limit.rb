@@ -1,6 +1,9 @@
 # frozen_string_literal: true
 
 require_relative "after_reply"
+require_relative "libc"
+require_relative "cgroup"
+require_relative "memory_limit/tree_policy"
 
 module Memkit
   # Rack middleware that has a bloated worker replaced, gracefully, by the
@@ -8,6 +11,7 @@ module Memkit
   #
   #   use Memkit::MemoryLimit, max_uss: "300MB"
   #   use Memkit::MemoryLimit, max_uss: "300MB", max_requests: 50_000
+  #   use Memkit::MemoryLimit, max_tree_pss: "80%"   # of the container's memory limit
   #
   # After every response it reads RSS from /proc/self/statm (microseconds).
   # Only when RSS is over the limit does it read USS, the memory that exiting
@@ -30,6 +34,14 @@ module Memkit
   #
   # Each worker picks its own limits within jitter below the ones given, so
   # workers that started together do not all restart together.
+  #
+  # max_tree_pss limits the whole server: the master and all its descendants,
+  # by PSS, which counts each shared page once across them -- the figure that
+  # adds up to what the tree really occupies (summed RSS counts shared pages
+  # once per process). When the tree is over, only the largest worker (by
+  # USS) is replaced; the others keep serving, and the next reading after its
+  # replacement decides again (see TreePolicy). A size ending in "%" is a share
+  # of the container's memory limit (Memkit::Cgroup), for max_uss too.
   class MemoryLimit
     SIGNALS = { unicorn: :QUIT, pitchfork: :QUIT, puma: :TERM }.freeze
     # Requests a busy Puma worker may still serve, over its limit, while
@@ -70,20 +82,35 @@ module Memkit
       end
     end
 
-    attr_reader :max_uss, :max_requests, :jitter
+    attr_reader :max_uss, :max_requests, :max_tree_pss, :jitter
 
-    # max_uss: bytes, or a size string ("300MB", "1.5G"); nil for no memory limit.
+    # max_uss: bytes, or a size string ("300MB", "1.5G"), or a share of the
+    #   container's limit ("10%"); nil for no limit on each worker.
     # max_requests: replace a worker after this many requests; nil for none.
+    # max_tree_pss: limit on the server tree's total PSS, as max_uss
+    #   ("80%" = 80% of the container's memory limit); nil for none.
+    # tree_check_interval: seconds between two readings of the tree in one
+    #   worker (reading every process's smaps_rollup costs milliseconds).
+    # cgroup: where "%" limits come from: nil for this process's memory
+    #   cgroup, a Memkit::Cgroup::Reading, or a root directory holding a
+    #   cgroup tree (Memkit::Cgroup.read(root:)).
     # jitter: each worker's limits are drawn between (1 - jitter) and 1 times
     #   the given ones.
     # check_every: read RSS every Nth request (1 = every request).
     # replace: :auto (pick by server), a signal name to send to this process,
     #   or a callable given the reason string.
     # logger: anything with #warn (Logger) or #puts (an IO); default $stderr.
-    def initialize(app, max_uss: nil, max_requests: nil, jitter: 0.1, check_every: 1,
-                   replace: :auto, logger: $stderr)
+    def initialize(app, max_uss: nil, max_requests: nil, max_tree_pss: nil, tree_check_interval: 5, cgroup: nil,
+                   jitter: 0.1, check_every: 1, replace: :auto, logger: $stderr)
       @app = app
-      @max_uss = max_uss.nil? ? nil : Units.parse(max_uss, "Memkit::MemoryLimit max_uss")
+      @cgroup = cgroup
+      @max_uss = size(max_uss, :max_uss)
+      @max_tree_pss = size(max_tree_pss, :max_tree_pss)
+      # A share is taken of the container's limit as it is at each reading of
+      # the tree, so a limit changed at run time (docker update, a resized
+      # pod) is followed.
+      @tree_share = share(max_tree_pss)
+      @tree_check_interval = tree_check_interval
       @max_requests = max_requests
       @jitter = jitter
       @check_every = check_every
@@ -123,7 +150,12 @@ module Memkit
 
     def validate!
       name = "Memkit::MemoryLimit"
-      raise InvalidArgument, "#{name}: give max_uss: (e.g. \"300MB\") or max_requests:" if @max_uss.nil? && @max_requests.nil?
+      if @max_uss.nil? && @max_requests.nil? && @max_tree_pss.nil?
+        raise InvalidArgument, "#{name}: give max_uss: (e.g. \"300MB\"), max_tree_pss: (e.g. \"80%\") or max_requests:"
+      end
+      unless @tree_check_interval.is_a?(Numeric) && @tree_check_interval >= 0
+        raise InvalidArgument, "#{name}: tree_check_interval must be a number of seconds (got #{@tree_check_interval.inspect})"
+      end
       raise InvalidArgument, "#{name}: max_uss must be more than 0 (got #{@max_uss})" if @max_uss&.zero?
       unless @max_requests.nil? || (@max_requests.is_a?(Integer) && @max_requests.positive?)
         raise InvalidArgument, "#{name}: max_requests must be a positive Integer (got #{@max_requests.inspect})"
@@ -155,6 +187,7 @@ module Memkit
       @via_hook = false
       @closed = 0
       @quiet_until_rss = 0
+      @next_tree_check = 0.0
       @server = server(env)
     end
 
@@ -222,6 +255,39 @@ module Memkit
       if max_req && @requests >= max_req
         return "served #{@requests} requests (limit #{max_req} = #{@max_requests} less jitter)"
       end
+
+      uss_check || tree_check
+    end
+
+    # The server tree is this worker's parent (the master) and everything
+    # under it. The workers that may be replaced are this one's siblings; when
+    # this worker's title names it a worker (Unicorn, Puma cluster and
+    # Pitchfork all do), only siblings whose titles do too, which leaves out
+    # Pitchfork's mold and anything else the master runs.
+    def tree_check
+      return unless @max_tree_pss
+
+      now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      return if now < @next_tree_check
+
+      @next_tree_check = now + @tree_check_interval
+      tree = Memkit.tree(Process.ppid)
+      me = Process.pid
+      # The title as the kernel shows it: Pitchfork sets it with setproctitle,
+      # which leaves $PROGRAM_NAME alone.
+      titled = tree.nodes.find { |n| n.pid == me }&.command.to_s.include?("worker")
+      workers = tree.nodes.select { |n| n.ppid == tree.pid && (n.pid == me || !titled || n.command.include?("worker")) }
+      limit = @tree_share ? (cgroup_reading(:max_tree_pss).limit.to_i * @tree_share).round : @max_tree_pss
+      return if limit.zero? # the container's limit is gone
+
+      reason = TreePolicy.new(limit: limit).decide(tree_pss: tree.total_pss, workers: workers.to_h { |n| [n.pid, n.memory.uss] }, me: me)
+      reason && "#{reason} after #{@requests} requests"
+    rescue Memkit::Error => e
+      log "memkit: worker #{Process.pid} could not read the server tree (#{e.message}); will try again"
+      nil
+    end
+
+    def uss_check
       max_uss = @limits[:max_uss]
       return unless max_uss && (@requests % @check_every).zero?
 
@@ -234,7 +300,7 @@ module Memkit
       uss = Memkit.memory.uss
       if uss > max_uss
         GC.start(full_mark: true, immediate_sweep: true)
-        trimmed = Memkit::MemoryLimit.malloc_trim
+        trimmed = !Libc.malloc_trim.nil?
         before = uss
         uss = Memkit.memory.uss
         rss = Memkit.rss
@@ -286,29 +352,43 @@ module Memkit
       $PROGRAM_NAME.include?("cluster worker")
     end
 
-    def log(line)
-      @logger.respond_to?(:warn) && !@logger.is_a?(IO) ? @logger.warn(line) : @logger.puts(line)
+    # The share (0.8 for "80%"), or nil for a size.
+    def share(value)
+      percent = value.is_a?(String) && value.strip[/\A(\d+(?:\.\d+)?)\s*%\z/, 1]
+      percent && Float(percent) / 100
     end
 
-    class << self
-      # Asks glibc to return free heap memory to the kernel. true if it ran
-      # (glibc), false elsewhere (musl, jemalloc without the symbol, macOS).
-      def malloc_trim
-        fn = @malloc_trim ||= load_malloc_trim
-        return false unless fn
+    # Bytes from a size ("300MB", 1024) or a share of the cgroup's limit ("80%").
+    def size(value, option)
+      return nil if value.nil?
 
-        fn.call(0)
-        true
+      share = share(value)
+      return Units.parse(value, "Memkit::MemoryLimit #{option}") unless share
+
+      unless share.positive? && share <= 1
+        raise InvalidArgument, "Memkit::MemoryLimit #{option}: #{value.inspect} must be more than 0% and at most 100%"
       end
-
-      private
-
-      def load_malloc_trim
-        require "fiddle"
-        Fiddle::Function.new(Fiddle::Handle::DEFAULT["malloc_trim"], [Fiddle::TYPE_SIZE_T], Fiddle::TYPE_INT)
-      rescue LoadError, Fiddle::DLError
-        false
+      reading = cgroup_reading(option)
+      unless reading.limited?
+        raise InvalidArgument, "Memkit::MemoryLimit #{option}: #{value.inspect} is a share of the container's memory " \
+                               "limit, and the memory cgroup #{reading.path} has none; give a size such as \"1GB\""
       end
+      (reading.limit * share).round
+    end
+
+    def cgroup_reading(option)
+      case @cgroup
+      when Cgroup::Reading then @cgroup
+      when nil then Cgroup.read
+      when String then Cgroup.read(root: @cgroup)
+      else raise InvalidArgument, "Memkit::MemoryLimit cgroup: must be nil, a root directory or a Memkit::Cgroup::Reading"
+      end
+    rescue Cgroup::NotFound => e
+      raise InvalidArgument, "Memkit::MemoryLimit #{option}: a \"%\" limit needs a memory cgroup: #{e.message}"
+    end
+
+    def log(line)
+      @logger.respond_to?(:warn) && !@logger.is_a?(IO) ? @logger.warn(line) : @logger.puts(line)
     end
   end
 end

@@ -1,20 +1,34 @@
 # frozen_string_literal: true
 
+require_relative "allocator"
+require_relative "metrics/exposition"
+require_relative "metrics/title"
+require_relative "metrics/store"
+require_relative "metrics/recorder"
+
 module Memkit
-  # Prometheus text exposition of a server's memory, as a Rack app:
+  # Prometheus text exposition of a forking server's memory, as a Rack app:
   #
+  #   use Memkit::Metrics::Recorder                 # every worker's GC/OobGC counters
   #   map("/metrics") { run Memkit::Metrics.new }
   #
-  # Per process (labels pid and role, "master" for the root, "worker" below
-  # it): rss, pss, uss, shared, private_dirty and swap, all in bytes; tree
-  # totals (pss is the figure to alert on: rss summed over workers counts
-  # shared pages once per worker); and, for the process that answers the
-  # scrape, Ruby's GC counters and Memkit::OobGC's if it is in use.
+  # and, in the server's config, the hook that names each worker's index
+  # (Unicorn: after_fork { |_, w| Memkit::Metrics.worker_booted(w.nr) }; see
+  # docs/METRICS.md for Puma and Pitchfork).
   #
-  # `memkit metrics --pid MASTER` serves the same text from a separate
-  # process, for servers whose app cannot mount it.
+  # Per process, labelled role (master, mold, worker, child) and worker (the
+  # server's worker index, which a replacement inherits, so a replaced
+  # worker's series continue instead of piling up): rss, pss, uss, shared,
+  # private_dirty and swap; the allocator it has mapped and its arena
+  # settings; GC and OobGC counters from every worker. For the tree: totals
+  # (pss is the figure to alert on), and each worker's sharing with the
+  # master. memkit_target_up is 0, with the reason as a comment, when the
+  # tree cannot be read.
+  #
+  # `memkit metrics --pid MASTER` serves the same page from outside the
+  # server (Memkit::Metrics::Server).
   class Metrics
-    CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+    CONTENT_TYPE = Exposition::CONTENT_TYPE
 
     PROCESS = {
       rss: "Resident set size: every resident page, shared ones included.",
@@ -32,105 +46,251 @@ module Memkit
       swap: "Sum of swap over the tree."
     }.freeze
 
-    # root: a pid, or :auto -- the parent when it runs the same executable as
-    #   this process (a Unicorn or Puma worker under its master), else this
-    #   process.
-    # gc: include this process's GC counters.
-    def initialize(root: :auto, gc: true)
-      raise InvalidArgument, "Memkit::Metrics: root must be :auto or a pid (got #{root.inspect})" unless root == :auto || root.is_a?(Integer) && root.positive?
+    # The server hook's call, in each new worker: see Recorder.boot.
+    def self.worker_booted(index, **options) = Recorder.boot(index, **options)
+
+    # The server hook's call in a new Pitchfork mold.
+    def self.mold_booted(**options) = Recorder.boot(nil, role: :mold, **options)
+
+    attr_reader :root
+
+    # root: the master's pid, or :auto: the master found through the server
+    #   (the worker hook's, else the process titles, see Title.master, else
+    #   the process that built this app when it is an ancestor of the one
+    #   answering: a preloading master), never a wrapper above it.
+    # gc: report this process's own GC counters when it keeps no record.
+    # dir: the Store directory of the workers' records (default: per master).
+    # container: a callable returning {limit:, usage:} in bytes (either may
+    #   be nil) for the container the server runs in, or nil for none.
+    # logger: gets one line when the tree goes away (and when it is back).
+    def initialize(root: :auto, gc: true, dir: nil, container: nil, logger: nil)
+      unless root == :auto || (root.is_a?(Integer) && root.positive?)
+        raise InvalidArgument, "Memkit::Metrics: root must be :auto or a pid (got #{root.inspect})"
+      end
+      raise InvalidArgument, "Memkit::Metrics container: expected a callable, got #{container.inspect}" if container && !container.respond_to?(:call)
 
       @root = root
       @gc = gc
+      @dir = dir
+      @container = container
+      @logger = logger
+      @built_in = Process.pid
+      @up = nil
+      @lock = Mutex.new
     end
 
     def call(env)
-      return [405, { "content-type" => "text/plain", "allow" => "GET, HEAD" }, ["GET only\n"]] unless %w[GET HEAD].include?(env["REQUEST_METHOD"])
+      unless %w[GET HEAD].include?(env["REQUEST_METHOD"])
+        return [405, { "content-type" => "text/plain", "allow" => "GET, HEAD" }, ["GET only\n"]]
+      end
 
-      text = Metrics.render(root_pid, gc: @gc)
+      text = render
       [200, { "content-type" => CONTENT_TYPE, "content-length" => text.bytesize.to_s },
        [env["REQUEST_METHOD"] == "HEAD" ? "" : text]]
+    end
+
+    # The exposition, and memkit_target_up's transitions logged once each.
+    def render
+      Recorder.record(force: true, dir: @dir) if Recorder.active?
+      pid = root_pid
+      text, error = Metrics.render_tree(pid, gc: @gc, dir: @dir, container: @container)
+      up!(error.nil?, pid, error)
+      text
+    end
+
+    # Whether the tree is still there, logging the change if not; for an
+    # exporter that wants to say so before the next scrape.
+    def check
+      pid = root_pid
+      alive = File.exist?("/proc/#{pid}/stat")
+      up!(alive, pid, alive ? nil : "no such process: pid #{pid}")
+      alive
     end
 
     def root_pid
       return @root unless @root == :auto
 
-      ppid = Process.ppid
-      same = ppid > 1 && File.readlink("/proc/#{ppid}/exe") == File.readlink("/proc/self/exe")
-      same ? ppid : Process.pid
-    rescue SystemCallError
+      id = Recorder.active? ? Recorder.identity : nil
+      return id.master if id
+
+      master = Title.master(Process.pid)
+      return master if master != Process.pid
+      # A server whose titles memkit does not know: a preloading master built
+      # this app, then forked the process answering.
+      return @built_in if @built_in != Process.pid && ancestor?(@built_in)
+
+      Process.pid
+    rescue Error
       Process.pid
     end
 
+    private
+
+    def ancestor?(pid)
+      current = Process.ppid
+      16.times do
+        return true if current == pid
+        return false if current <= 1
+
+        current = Status.read(current).ppid
+      end
+      false
+    end
+
+    def up!(up, pid, error)
+      @lock.synchronize do
+        return if @up == up || (@up.nil? && up)
+
+        @up = up
+        @logger&.puts(up ? "memkit metrics: pid #{pid} is back" : "memkit metrics: #{error}; serving memkit_target_up 0")
+      end
+    end
+
     class << self
-      # The exposition for the tree under `pid`. A tree that cannot be read
-      # (the master exited, permissions) gives memkit_up 0 and the reason as a
-      # comment, not an error: Prometheus keeps scraping and can alert on it.
-      def render(pid, gc: false)
-        out = +""
+      # The exposition for the tree under `pid`, as a String.
+      def render(pid, **options) = render_tree(pid, **options).first
+
+      # [text, error message or nil]. A tree that cannot be read (the master
+      # exited, permissions) gives memkit_target_up 0 and the reason as a
+      # comment, not an exception: Prometheus keeps scraping and can alert.
+      def render_tree(pid, gc: false, dir: nil, container: nil)
+        out = Exposition.new
         begin
           tree = Memkit.tree(pid)
         rescue Error => e
-          gauge(out, "memkit_up", "1 if the process tree could be read, else 0.", [[{}, 0]])
-          out << "# memkit: #{e.message.tr("\n", ' ')}\n"
-          gc_metrics(out) if gc
-          return out
+          out.gauge("memkit_target_up", "1 if the watched process tree could be read, else 0.", [[{}, 0]])
+          out.comment("memkit: #{e.message}")
+          return [out.to_s, e.message]
         end
-        gauge(out, "memkit_up", "1 if the process tree could be read, else 0.", [[{}, 1]])
-        PROCESS.each do |field, help|
-          rows = tree.nodes.map { |n| [{ pid: n.pid, role: n.depth.zero? ? "master" : "worker" }, n.memory.public_send(field)] }
-          gauge(out, "memkit_process_#{field}_bytes", help, rows)
+        out.gauge("memkit_target_up", "1 if the watched process tree could be read, else 0.", [[{}, 1]])
+        records = Store.new(dir || Store.default_dir(tree.pid)).read
+        procs = label(tree, records)
+        process_families(out, procs)
+        tree_families(out, tree, procs, container)
+        allocator_family(out, procs)
+        own = procs.find { |p| p.node.pid == Process.pid }
+        if gc && own && !records.key?(Process.pid)
+          records = records.merge(Process.pid => Counters.read)
         end
-        TREE.each do |field, help|
-          gauge(out, "memkit_tree_#{field}_bytes", help, [[{ pid: tree.pid }, tree.public_send("total_#{field}")]])
-        end
-        gauge(out, "memkit_tree_processes", "Processes in the tree: the root and its descendants.", [[{ pid: tree.pid }, tree.nodes.size]])
-        gc_metrics(out) if gc
-        out
+        counter_families(out, procs, records)
+        [out.to_s, nil]
       end
+
+      Labelled = Struct.new(:node, :role, :worker, :labels)
 
       private
 
-      def gc_metrics(out)
-        pid = { pid: Process.pid }
-        stat = GC.stat
-        counter(out, "memkit_gc_runs_total", "GC runs in the process that answered this scrape.",
-                [[pid.merge(kind: "minor"), stat[:minor_gc_count]], [pid.merge(kind: "major"), stat[:major_gc_count]]])
-        counter(out, "memkit_gc_time_seconds_total", "Time spent in GC by the process that answered this scrape.",
-                [[pid, stat[:time].to_i / 1000.0]]) if stat.key?(:time)
-        gauge(out, "memkit_gc_heap_live_slots", "Live object slots in the Ruby heap.", [[pid, stat[:heap_live_slots]]])
-        gauge(out, "memkit_gc_heap_free_slots", "Free object slots in the Ruby heap.", [[pid, stat[:heap_free_slots]]])
-        # Only when the app uses OobGC: autoload? is nil once it is loaded.
-        return if Memkit.autoload?(:OobGC)
-
-        s = OobGC.stats
-        counter(out, "memkit_oobgc_requests_total", "Requests seen by Memkit::OobGC.", [[pid, s.requests]])
-        counter(out, "memkit_oobgc_runs_total", "GC runs Memkit::OobGC started between requests.",
-                [[pid.merge(kind: "minor"), s.oob_minor], [pid.merge(kind: "major"), s.oob_major]])
-        counter(out, "memkit_oobgc_inside_request_runs_total", "GC runs that still happened while a request was being served.",
-                [[pid.merge(kind: "minor"), s.inside_minor], [pid.merge(kind: "major"), s.inside_major]])
-        counter(out, "memkit_oobgc_time_seconds_total", "Time spent in GC runs started by Memkit::OobGC.", [[pid, s.oob_seconds]])
-        counter(out, "memkit_oobgc_watched_runs_total", "GC runs left to Ruby while a new worker's heap settled.",
-                [[pid, s.watched]])
-      end
-
-      def gauge(out, name, help, rows) = family(out, name, "gauge", help, rows)
-      def counter(out, name, help, rows) = family(out, name, "counter", help, rows)
-
-      def family(out, name, type, help, rows)
-        out << "# HELP #{name} #{help}\n# TYPE #{name} #{type}\n"
-        rows.each do |labels, value|
-          out << name
-          unless labels.empty?
-            out << "{" << labels.map { |k, v| "#{k}=\"#{escape(v)}\"" }.join(",") << "}"
-          end
-          out << " " << format_value(value) << "\n"
+      # Each node's role and worker index: the record its worker wrote, else
+      # its title; the root is the master. The first process to claim a
+      # (role, worker) pair gets it as its labels; any other (a worker still
+      # exiting while its successor boots, a child) also gets its pid, so no
+      # two series ever share a label set.
+      def label(tree, records)
+        taken = {}
+        tree.nodes.map do |node|
+          record = records[node.pid]
+          role, worker =
+            if node.depth.zero? then ["master", nil]
+            elsif record then [record[:role].to_s, record[:worker]]
+            else
+              r, i = Title.parse(node.command)
+              [(r || :child).to_s, i]
+            end
+          labels = { role: role }
+          labels[:worker] = worker.to_s if worker
+          labels[:pid] = node.pid.to_s if role == "child" || taken[labels]
+          taken[labels] = true
+          Labelled.new(node, role, worker, labels)
         end
       end
 
-      def escape(value) = value.to_s.gsub("\\", "\\\\\\\\").gsub("\"", "\\\"").gsub("\n", "\\n")
+      def process_families(out, procs)
+        PROCESS.each do |field, help|
+          out.gauge("memkit_process_#{field}_bytes", help,
+                    procs.map { |p| [p.labels, p.node.memory.public_send(field)] })
+        end
+        out.gauge("memkit_process_info", "1 per process, naming its pid and command line.",
+                  procs.map { |p| [p.labels.merge(pid: p.node.pid, command: p.node.command), 1] })
+      end
 
-      def format_value(value)
-        value.is_a?(Float) ? format("%.6f", value) : value.to_i.to_s
+      def tree_families(out, tree, procs, container)
+        TREE.each do |field, help|
+          out.gauge("memkit_tree_#{field}_bytes", help, [[{}, tree.public_send("total_#{field}")]])
+        end
+        out.gauge("memkit_tree_processes", "Processes in the tree: the master and its descendants.", [[{}, tree.nodes.size]])
+        master_rss = tree.root.memory.rss
+        out.gauge("memkit_worker_shared_with_master_ratio",
+                  "A worker's shared pages over the master's rss: how much of the master it still shares " \
+                  "(copy-on-write efficiency; estimate, as memkit cow without pagemap).",
+                  procs.select { |p| p.role == "worker" && master_rss.positive? }
+                       .map { |p| [p.labels, p.node.memory.shared.fdiv(master_rss)] })
+        container_families(out, container)
+      end
+
+      def container_families(out, container)
+        return unless container
+
+        reading = container.call or return
+        { limit: "The container's memory limit.", usage: "The container's memory usage, page cache included." }.each do |key, help|
+          value = reading[key]
+          out.gauge("memkit_container_memory_#{key}_bytes", help, [[{}, value]]) if value
+        end
+      end
+
+      def allocator_family(out, procs)
+        rows = procs.filter_map do |p|
+          a = Allocator.read(p.node.pid)
+          arena = a.environ_readable ? a.arena_max.to_s : "unknown"
+          conf = a.environ_readable ? a.malloc_conf.to_s : "unknown"
+          [p.labels.merge(allocator: a.name, arena_max: arena, malloc_conf: conf), 1]
+        rescue Error
+          nil # exited since the tree was read, or hidden from this user
+        end
+        out.gauge("memkit_allocator_info",
+                  "1 per process, naming the malloc it has mapped (glibc unless jemalloc, tcmalloc or mimalloc is) " \
+                  "and its arena settings at exec (arena_max \"\" = unset; \"unknown\" = environ unreadable).", rows)
+      end
+
+      COUNTERS = [
+        ["memkit_gc_runs_total", "GC runs, per process.", { gc_minor: { kind: "minor" }, gc_major: { kind: "major" } }],
+        ["memkit_gc_time_seconds_total", "Time spent in GC, per process.", { gc_time_ms: {} }],
+        ["memkit_oobgc_requests_total", "Requests seen by Memkit::OobGC.", { oobgc_requests: {} }],
+        ["memkit_oobgc_runs_total", "GC runs Memkit::OobGC started between requests.",
+         { oobgc_minor: { kind: "minor" }, oobgc_major: { kind: "major" } }],
+        ["memkit_oobgc_inside_request_runs_total", "GC runs that still happened while a request was being served.",
+         { oobgc_inside_minor: { kind: "minor" }, oobgc_inside_major: { kind: "major" } }],
+        ["memkit_oobgc_time_seconds_total", "Time spent in GC runs started by Memkit::OobGC.", { oobgc_seconds: {} }],
+        ["memkit_oobgc_watched_runs_total", "GC runs left to Ruby while a new worker's heap settled.", { oobgc_watched: {} }]
+      ].freeze
+
+      GAUGES = [
+        ["memkit_gc_heap_live_slots", "Live object slots in the Ruby heap.", :heap_live_slots],
+        ["memkit_gc_heap_free_slots", "Free object slots in the Ruby heap.", :heap_free_slots]
+      ].freeze
+
+      # Every process's counters from its record (this process's own, read
+      # live, when it keeps none): one scrape reports the whole server.
+      def counter_families(out, procs, records)
+        with = procs.filter_map { |p| (r = records[p.node.pid]) && [p, r] }
+        COUNTERS.each do |name, help, keys|
+          rows = with.flat_map do |p, r|
+            keys.filter_map do |key, extra|
+              next unless r.key?(key)
+
+              value = key == :gc_time_ms ? r[key] / 1000.0 : r[key]
+              [p.labels.merge(extra), value]
+            end
+          end
+          out.counter(name, help, rows)
+        end
+        GAUGES.each do |name, help, key|
+          out.gauge(name, help, with.filter_map { |p, r| [p.labels, r[key]] if r.key?(key) })
+        end
+        limit_keys = with.flat_map { |_, r| r.keys.grep(/\Amemory_limit_/) }.uniq.sort
+        limit_keys.each do |key|
+          out.counter("memkit_#{key}_total", "Memkit::MemoryLimit's #{key.to_s.delete_prefix('memory_limit_')} counter.",
+                      with.filter_map { |p, r| [p.labels, r[key]] if r.key?(key) })
+        end
       end
     end
   end

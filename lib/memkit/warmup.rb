@@ -1,5 +1,8 @@
 # frozen_string_literal: true
 
+require_relative "libc"
+require_relative "warmup/app"
+
 module Memkit
   # Prepares the Ruby heap so that children forked afterwards keep sharing
   # it with the parent. Memkit.warmup(**options) calls Warmup.run.
@@ -16,14 +19,17 @@ module Memkit
   #   copying each such page; GC.compact packs survivors into fewer pages.
   # - trim: glibc keeps freed chunks inside pages the child shares and hands
   #   them out again; malloc_trim(0) returns whole free pages to the kernel.
-  # - fill: what trim cannot return (free slots, chunks smaller than a page)
-  #   is filled with objects and chunks that stay, so the child allocates in
-  #   fresh pages instead of copying the parent's (docs/FORK.md: +9 points of
-  #   sharing on the app shape on 3.1).
+  # - fill (off by default): what trim cannot return (free slots, chunks
+  #   smaller than a page) is filled with objects and chunks that stay, so
+  #   the child allocates in fresh pages instead of copying the parent's.
+  #   It raises the share of the master each worker keeps, but the filler
+  #   stays in the master for good and the workers grow fresh pages instead:
+  #   measured by the tree's total PSS it costs more than it saves (on 3.3
+  #   and on the Rails app, bench/notes/cow.md), so it runs only on request.
   #
   # Where Process.warmup exists (Ruby 3.3+) it does promote, compact, free
-  # empty pages, coderange and malloc_trim in C; memkit calls it instead,
-  # then fills.
+  # empty pages, coderange and malloc_trim in C; memkit calls it instead, so
+  # the default there is exactly the built-in.
   #
   # Adaptive: the heap counters at the end of a run are remembered, and the
   # next run returns at once (report.skipped) while fewer than `threshold`
@@ -32,35 +38,53 @@ module Memkit
   # can both call it before the same fork without doing the work twice.
   module Warmup
     DEFAULTS = { force: false, threshold: 10_000, max_gcs: 8, promote: true, coderange: true,
-                 compact: :auto, trim: true, fill: true, process_warmup: :auto }.freeze
+                 compact: :auto, trim: true, fill: false, process_warmup: :auto,
+                 app: nil, requests: nil, logger: nil }.freeze
 
     # What a run did. Durations in seconds, sizes in bytes.
     Report = Struct.new(:skipped, :reason, :duration, :steps, :gc_runs, :young_before, :young_after,
                         :slots_freed, :pages_freed, :bytes_trimmed, :slots_filled, :bytes_filled, :rss_before, :rss_after,
-                        keyword_init: true) do
-      def to_h = super.merge(steps: steps.dup)
+                        :requests, keyword_init: true) do
+      # The app warm-up requests that raised or answered 5xx.
+      def failures = Array(requests).select(&:failed?)
+
+      def to_h = super.merge(steps: steps.dup, requests: Array(requests).map(&:to_h))
     end
 
     @state = nil
     @last_report = nil
     @runs = 0
     @lock = Mutex.new
+    @warmed_apps = {}.compare_by_identity
 
     class << self
       # Options (all keywords):
       #   force:          true runs every step even if nothing changed (default false)
       #   threshold:      allocations since the last run below which it is a no-op (10_000)
       #   max_gcs:        most GCs spent promoting young objects (8)
-      #   promote, coderange, trim, fill: true/false, each step on its own (all true)
+      #   promote, coderange, trim: true/false, each step on its own (true)
+      #   fill:           true fills free slots and malloc holes (false: see above)
       #   compact:        true, false, or :auto = where GC.compact exists and
       #                   Process.warmup does not (it compacts itself) (:auto)
       #   process_warmup: true, false or :auto = use Process.warmup where it exists
+      #   app:            a Rack app to send `requests` through first, in this
+      #                   process, before the heap steps (Warmup::App); once
+      #                   per app per process, so a before_fork hook that runs
+      #                   before every worker's fork sends them once
+      #   requests:       Strings (GET paths) and Hashes (Rack envs); ["/"] when
+      #                   app: is given without them
+      #   logger:         where a failed request's line goes: nil = stderr,
+      #                   a Logger, or an IO
       def run(**options)
         opts = validate(options)
-        return Report.new(skipped: true, reason: :locked, duration: 0.0, steps: [], gc_runs: 0) if @lock.owned?
+        if @lock.owned?
+          return Report.new(skipped: true, reason: :locked, duration: 0.0, steps: [], gc_runs: 0, requests: [])
+        end
 
         @lock.synchronize do
+          requests = warm_app(opts)
           @last_report = perform(opts)
+          @last_report.requests = requests
           @runs += 1 unless @last_report.skipped
           @last_report
         end
@@ -80,6 +104,7 @@ module Memkit
       # Forget the last run, so the next one does all the work.
       def reset!
         @state = nil
+        @warmed_apps.clear
         @last_report = nil
         @runs = 0
       end
@@ -88,9 +113,7 @@ module Memkit
         GC.stat(:heap_live_slots) - GC.stat(:old_objects)
       end
 
-      def malloc_trim_available?
-        !malloc_trim_function.nil?
-      end
+      def malloc_trim_available? = Libc.malloc_trim?
 
       private
 
@@ -99,6 +122,8 @@ module Memkit
         raise InvalidArgument, "unknown warmup option#{'s' if unknown.size > 1}: #{unknown.join(', ')} (known: #{DEFAULTS.keys.join(', ')})" unless unknown.empty?
 
         opts = DEFAULTS.merge(options)
+        raise InvalidArgument, "warmup requests: given without app:" if opts[:requests] && opts[:app].nil?
+        opts[:app_warmup] = App.new(opts[:app], opts[:requests] || ["/"], logger: opts[:logger]) if opts[:app]
         %i[force promote coderange trim fill].each do |key|
           raise InvalidArgument, "warmup #{key}: must be true or false, not #{opts[key].inspect}" unless [true, false].include?(opts[key])
         end
@@ -112,6 +137,15 @@ module Memkit
         raise InvalidArgument, "warmup process_warmup: true, but this Ruby has no Process.warmup" if opts[:process_warmup] == true && !Process.respond_to?(:warmup)
 
         opts
+      end
+
+      # The app's requests, unless this app was warmed in this process already.
+      def warm_app(opts)
+        app = opts[:app_warmup] or return []
+        return [] if @warmed_apps.key?(opts[:app])
+
+        @warmed_apps[opts[:app]] = true
+        app.run
       end
 
       def perform(opts)
@@ -227,43 +261,19 @@ module Memkit
       # Mallocs of falling sizes until one comes from the top chunk, which is
       # fresh memory: everything before it came from a hole.
       def fill_malloc_holes
-        fns = malloc_functions or return 0
-        info = mallinfo2(fns)
-        top_start = fns[:sbrk].call(0) - info[9]
+        return 0 unless Libc.malloc_trim? && (info = Libc.mallinfo2) && (heap_end = Libc.program_break)
+
+        top_start = heap_end - info.keepcost
         filled = 0
         [65_536, 16_384, 4096, 1024, 256, 64, 16].each do |size|
           loop do
-            address = fns[:malloc].call(size)
+            address = Libc.malloc_address(size).to_i
             break if address.zero? || address >= top_start - 64
 
             filled += size
           end
         end
         filled
-      end
-
-      def mallinfo2(fns)
-        buffer = Fiddle::Pointer.malloc(80, Fiddle::RUBY_FREE)
-        fns[:mallinfo2].call(buffer)
-        buffer[0, 80].unpack("Q10")
-      end
-
-      def malloc_functions
-        return @malloc_functions if defined?(@malloc_functions)
-
-        @malloc_functions =
-          begin
-            raise LoadError unless RbConfig::CONFIG["host_cpu"] == "x86_64" && malloc_trim_function
-
-            libc = Fiddle::Handle::DEFAULT
-            # Addresses come back as Integers: a Fiddle::Pointer per call would
-            # itself be garbage in the heap being prepared.
-            { malloc: Fiddle::Function.new(libc["malloc"], [Fiddle::TYPE_SIZE_T], Fiddle::TYPE_SIZE_T),
-              sbrk: Fiddle::Function.new(libc["sbrk"], [Fiddle::TYPE_LONG], Fiddle::TYPE_SIZE_T),
-              mallinfo2: Fiddle::Function.new(libc["mallinfo2"], [Fiddle::TYPE_VOIDP], Fiddle::TYPE_VOID) }
-          rescue LoadError, StandardError
-            nil
-          end
       end
 
       # Minor GCs only, until the old generation stops growing.
@@ -294,9 +304,10 @@ module Memkit
       # Bytes the process's RSS shrank by, or nil where there is no glibc
       # malloc_trim (musl, macOS). With jemalloc preloaded it is harmless.
       def trim
-        fn = malloc_trim_function or return nil
+        return nil unless Libc.malloc_trim?
+
         before = rss
-        fn.call(0)
+        Libc.malloc_trim
         before ? [before - rss.to_i, 0].max : 0
       end
 
@@ -305,19 +316,6 @@ module Memkit
         Memkit.rss
       rescue Memkit::Error
         nil
-      end
-
-      def malloc_trim_function
-        return @malloc_trim if defined?(@malloc_trim)
-
-        @malloc_trim =
-          begin
-            require "fiddle"
-            require "rbconfig"
-            Fiddle::Function.new(Fiddle::Handle::DEFAULT["malloc_trim"], [Fiddle::TYPE_SIZE_T], Fiddle::TYPE_INT)
-          rescue LoadError, StandardError
-            nil
-          end
       end
 
       def clock = Process.clock_gettime(Process::CLOCK_MONOTONIC)

@@ -11,7 +11,8 @@ class BenchFiberTest < Minitest::Test
     report = JSON.parse(out)
     assert_equal RUBY_DESCRIPTION, report["ruby"]
     assert_equal %w[allocate bare new pool reuse switch], report["per_second"].keys.sort
-    assert_equal "c", report["pool_core"], "rake test builds ext/memkit, and the CLI must load it" if Memkit::FiberPool::NATIVE
+    expected = Memkit::FiberPool::CORE == Memkit::FiberPool::RubyCore ? "ruby" : "c"
+    assert_equal expected, report["pool_core"], "the CLI picks the core FiberPool.new picks"
     report["per_second"].each_value { |rate| assert_operator rate, :>, 0 }
     ratio = report["per_second"]["pool"].fdiv(report["per_second"]["new"])
     assert_in_delta ratio, report["ratios"]["pool_vs_new"], 0.01
@@ -32,5 +33,27 @@ class BenchFiberTest < Minitest::Test
     _out, err, status = memkit("bench", "fiber", "--rounds", "0")
     assert_equal 2, status.exitstatus
     assert_match(/positive/, err)
+  end
+
+  def test_core_option_picks_the_pools_core
+    out, err, status = memkit(*%w[bench fiber --rounds 1 --jobs 500 --fibers 50 --core ruby --json])
+    assert status.success?, err
+    assert_equal "ruby", JSON.parse(out)["pool_core"]
+    _out, err, status = Open3.capture3({ "MEMKIT_NATIVE" => "0" }, RbConfig.ruby, Memkit::TestHelpers::EXE,
+                                       "bench", "fiber", "--core", "c", "--rounds", "1")
+    assert_equal 2, status.exitstatus
+    assert_equal ["memkit: --core c: ext/memkit is not built for this Ruby, or MEMKIT_NATIVE=0 is set " \
+                  "(see memkit bench --help)\n"], err.lines
+  end
+
+  def test_the_library_raises_its_own_errors_naming_keywords
+    require "memkit/bench/fiber"
+    error = assert_raises(Memkit::InvalidArgument) { Memkit::Bench::Fiber.new(rounds: 0) }
+    assert_match(/rounds: expected a positive Integer, got 0/, error.message)
+    refute_kind_of Memkit::CLI::UsageError, error if defined?(Memkit::CLI::UsageError)
+    assert_raises(Memkit::InvalidArgument) { Memkit::Bench::Fiber.new(core: "go") }
+    report = Memkit::Bench::Fiber.new(rounds: 1, jobs: 200, fibers: 20, core: "ruby").run
+    assert_equal "ruby", report[:pool_core]
+    assert_equal 20, report[:count][:fibers]
   end
 end

@@ -33,6 +33,8 @@ class CowTest < Minitest::Test
       assert status.success?, err
       report = JSON.parse(out, symbolize_names: true)
       assert_equal "pagemap", report[:method]
+      assert_equal report[:master][:pss] + report[:workers].sum { |w| w[:pss] }, report[:tree_pss]
+      assert_operator report[:workers].find { |w| w[:pid] == writer }[:uss], :>, BIG * 3 / 4
       workers = report[:workers].to_h { |w| [w[:pid], w] }
       # The memkit process itself is this test's child too.
       assert_equal [reader, writer].sort, (workers.keys & [reader, writer]).sort
@@ -83,6 +85,8 @@ class CowTest < Minitest::Test
     with_children(1) do |(child)|
       out, err, status = memkit("cow", Process.pid)
       assert status.success?, err
+      assert_match(/^tree #{Process.pid}: pss [\d.]+ \w+ \(master [\d.]+ \w+ \+ \d+ workers/, out)
+      assert_match(/worker uss mean /, out)
       assert_match(/^master #{Process.pid}: rss /, out)
       assert_match(/^\s*#{child}\s/, out)
       assert_match(/shared%/, out)
@@ -106,6 +110,23 @@ class CowTest < Minitest::Test
   ensure
     Process.kill(:KILL, pid) rescue nil
     Process.wait(pid) rescue nil
+  end
+
+  def test_bench_cow_help_exits_zero_without_running
+    out, err, status = memkit("bench", "cow", "--help")
+    assert status.success?, err
+    assert_match(/Usage: memkit bench cow/, out)
+    refute_match(/tree_pss/, out, "--help must not run the benchmark")
+  end
+
+  # Outside the source tree, as from an installed gem: nothing under bench/ is needed.
+  def test_bench_cow_one_child_both_shapes_outside_the_repo
+    out, err, status = memkit("bench", "cow", "--children", "1", "--shape", "tree,app", "--depth", "12",
+                              "--scale", "0.02", "--requests", "20", "--modes", "plain,warmup", "--no-python",
+                              chdir: Dir.tmpdir)
+    assert status.success?, err
+    assert_match(/tree_pss/, out)
+    assert_match(/^app\s+warmup\s+tree [\d.]+ \w+\s+[\d.]+x plain/, out)
   end
 
   def test_invalid_exact_option

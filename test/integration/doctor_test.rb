@@ -93,7 +93,9 @@ class DoctorTest < Minitest::Test
     env = { "MALLOC_ARENA_MAX" => "3", "RUBY_GC_HEAP_GROWTH_FACTOR" => "1.25" }
     limit = 64 * 1024**3
     pid = spawn(env, RbConfig.ruby, "-e", "Thread.new { sleep }; sleep", rlimit_as: limit)
-    wait_until(message: "child ruby to start its second thread") { File.read("/proc/#{pid}/status")[/^Threads:\s+(\d+)/, 1].to_i >= 2 }
+    wait_until(message: "child ruby to start its second thread") do
+      File.read("/proc/#{pid}/status")[/^Threads:\s+(\d+)/, 1].to_i >= 2
+    end
     d = Memkit::Doctor.new(pid: pid)
     assert_equal "3", d["MALLOC_ARENA_MAX"].value
     assert_equal({ "RUBY_GC_HEAP_GROWTH_FACTOR" => "1.25" }, d["gc.env"].value)
@@ -126,7 +128,7 @@ class DoctorTest < Minitest::Test
       fibers = Array.new(800) { Fiber.new { deep.(60) }.tap(&:resume) }
       peak = Memkit.mappings.groups[:stacks].rss
       fibers.each(&:resume)
-      fibers = nil # rubocop:disable Lint/UselessAssignment
+      fibers.clear
       GC.start
       GC.start
       after = Memkit.mappings.groups[:stacks].rss
@@ -167,7 +169,8 @@ class DoctorTest < Minitest::Test
     assert_includes names, "vm.max_map_count"
     assert_includes names, "transparent_hugepage"
     json["checks"].each { |c| assert_equal %w[advice name status value], c.keys.sort }
-    assert_equal File.read("/proc/sys/vm/max_map_count").to_i, json["checks"].find { |c| c["name"] == "vm.max_map_count" }["value"]
+    max_map_count = json["checks"].find { |c| c["name"] == "vm.max_map_count" }
+    assert_equal File.read("/proc/sys/vm/max_map_count").to_i, max_map_count["value"]
     assert_equal(json["checks"].any? { |c| c["status"] == "fail" } ? 1 : 0, status.exitstatus)
 
     out, _err, _status = memkit("doctor", Process.pid, "--no-probe")
@@ -184,5 +187,88 @@ class DoctorTest < Minitest::Test
     assert_equal 2, status.exitstatus
     assert_match(/not a pid/, err)
     assert_raises(Memkit::InvalidArgument) { Memkit::Doctor.new(fibers: 0) }
+    assert_raises(Memkit::InvalidArgument) { Memkit::Doctor.new(timeout: 0) }
+    _out, err, status = memkit("doctor", "--timeout", "-1")
+    assert_equal 2, status.exitstatus
+    assert_match(/--timeout/, err)
+  end
+
+  def test_a_kernel_thread_is_named_as_one_not_as_a_missing_process
+    stat = File.read("/proc/2/stat")
+    skip "pid 2 is not kthreadd here (a pid namespace: #{stat[/\(.*\)/]})" unless stat.include?("(kthreadd)")
+
+    error = assert_raises(Memkit::KernelThread) { Memkit::Doctor.new(pid: 2).checks }
+    assert_match(/pid 2 \(kthreadd\) is a kernel thread/, error.message)
+    _out, err, status = memkit("doctor", "2")
+    assert_equal 1, status.exitstatus
+    assert_equal ["memkit: pid 2 (kthreadd) is a kernel thread: it has no user memory to diagnose\n"], err.lines
+  end
+
+  # Runs a stand-in probe with this source through Doctor::ProbeRunner.
+  def run_probe(dir, name, source, timeout:)
+    script = File.join(dir, name)
+    File.write(script, source)
+    Memkit::Doctor::ProbeRunner.new(ruby: RbConfig.ruby, env: { "PATH" => ENV.fetch("PATH") }, args: [dir],
+                                    timeout: timeout, script: script).call
+  end
+
+  def alive?(pid)
+    File.read("/proc/#{pid}/stat").split[2] != "Z"
+  rescue SystemCallError
+    false
+  end
+
+  def test_the_probe_is_killed_with_its_children_when_the_timeout_passes
+    Dir.mktmpdir do |dir|
+      threads = Thread.list.size
+      # Forks like the real probe, says who it and its child are, and would outlive any test run.
+      result = run_probe(dir, "slow.rb", <<~RUBY, timeout: 0.5)
+        child = fork { sleep 600 }
+        File.write(File.join(ARGV[0], "pids"), [Process.pid, child].join(" "))
+        sleep 600
+      RUBY
+      assert result[:timed_out]
+      assert_equal "the probe did not finish within 0.5s and was stopped", result[:skipped]
+      assert_equal threads, Thread.list.size, "the runner starts no threads"
+      pids = File.read(File.join(dir, "pids")).split.map(&:to_i)
+      assert_equal 2, pids.size
+      wait_until(timeout: 5, message: "the probe and its fork child to be gone") { pids.none? { |pid| alive?(pid) } }
+    end
+  end
+
+  def test_a_probe_that_fails_or_prints_nonsense_is_reported_not_raised
+    Dir.mktmpdir do |dir|
+      result = run_probe(dir, "failing.rb", "$stdout.puts '{'\nraise 'the probe broke'\n", timeout: 30)
+      assert_match(/the probe failed: .*the probe broke/, result[:skipped])
+      result = run_probe(dir, "nonsense.rb", "puts 'not json'\n", timeout: 30)
+      assert_match(/the probe failed/, result[:skipped])
+      assert_equal({ ok: [1] }, run_probe(dir, "fine.rb", "puts '{\"ok\": [1]}'\n", timeout: 30))
+    end
+  end
+
+  def test_a_short_timeout_skips_the_probes_checks_quietly
+    out, err, status = memkit("doctor", "--timeout", "0.05")
+    assert_equal 0, status.exitstatus, err
+    assert_empty err, "no thread traces or warnings"
+    assert_match(/the probe did not finish within 0.05s and was stopped/, out)
+    refute_match(/fiber.stack_release/, out)
+  end
+
+  def test_the_probe_file_is_plain_ruby_that_does_nothing_when_required
+    _out, err, status = Open3.capture3(RbConfig.ruby, "-c", Memkit::Doctor::ProbeRunner::SCRIPT)
+    assert status.success?, err
+    script = "require #{Memkit::Doctor::ProbeRunner::SCRIPT.dump}; print :quiet"
+    out, err, status = Open3.capture3(RbConfig.ruby, "-e", script)
+    assert status.success?, err
+    assert_equal "quiet", out
+  end
+
+  def test_without_a_pid_memkit_does_not_count_its_probes_threads
+    out, err, status = Open3.capture3({ "MALLOC_ARENA_MAX" => nil }, RbConfig.ruby, Memkit::TestHelpers::EXE,
+                                      "doctor", "--json")
+    assert_includes [0, 1], status.exitstatus, err
+    check = JSON.parse(out).fetch("checks").find { |c| c["name"] == "MALLOC_ARENA_MAX" }
+    refute_equal "warn", check.fetch("status"), check.fetch("advice")
+    assert_match(/one thread/, check.fetch("advice"))
   end
 end

@@ -2,6 +2,8 @@
 
 require "test_helper"
 require "support/servers"
+require "support/pitchfork_server"
+require "fileutils"
 
 class MemoryLimitTest < Minitest::Test
   include Memkit::ServersHelper
@@ -100,6 +102,118 @@ class MemoryLimitTest < Minitest::Test
 
   def test_unicorn_replaces_bloated_workers_without_failed_requests
     recycle_under(:unicorn)
+  end
+
+  TREE_APP = <<~'RUBY'
+    require "memkit"
+    LEAK = []
+    use Memkit::MemoryLimit, max_tree_pss: "80%", cgroup: ENV.fetch("CGROUP_ROOT"), tree_check_interval: 0.2
+    run lambda { |env|
+      # The title as the kernel has it (Pitchfork sets it with setproctitle).
+      nr = File.read("/proc/self/cmdline")[/worker\[(\d+)\]/, 1].to_i
+      # Worker N keeps 4 MiB per request up to (N + 1) x 16 MiB: the workers
+      # end apart in size, whichever served more requests.
+      LEAK << ("x" * (4 << 20)) if env["PATH_INFO"] == "/leak" && LEAK.size < (nr + 1) * 4
+      [200, { "content-type" => "text/plain" }, ["#{Process.pid} #{nr} #{LEAK.size == (nr + 1) * 4 ? 'full' : 'growing'}"]]
+    }
+  RUBY
+
+  # The container's limit is a cgroup tree the test writes (memory.max), so it
+  # can be lowered below what the real server tree holds; the server, its
+  # workers and their memory are real. Over the limit, the largest worker by
+  # USS is replaced, only it, and the others keep serving.
+  def test_tree_over_a_share_of_the_container_limit_replaces_the_largest_unicorn_worker_only
+    tree_limit_under(:unicorn)
+  end
+
+  # Pitchfork's mold is a child of the monitor too, and is not a worker: it
+  # is counted in the tree but never picked.
+  def test_tree_over_a_share_of_the_container_limit_replaces_the_largest_pitchfork_worker_only
+    tree_limit_under(:pitchfork)
+  end
+
+  def tree_limit_under(kind)
+    Dir.mktmpdir("memkit-tree-limit") do |dir|
+      cgroup = File.join(dir, "cgroup")
+      FileUtils.mkdir_p(["#{cgroup}/proc/self", "#{cgroup}/sys/fs/cgroup"])
+      File.write("#{cgroup}/proc/self/cgroup", "0::/\n")
+      File.write("#{cgroup}/proc/self/mountinfo", "30 20 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n")
+      File.write("#{cgroup}/sys/fs/cgroup/memory.current", "1\n")
+      File.write("#{cgroup}/sys/fs/cgroup/memory.events", "max 0\n")
+      max_file = "#{cgroup}/sys/fs/cgroup/memory.max"
+      File.write(max_file, "#{100 << 30}\n")
+      server =
+        if kind == :pitchfork
+          Memkit::PitchforkServer.start_pitchfork(TREE_APP, dir: dir, port: free_port, workers: 3,
+                                                            env: { "CGROUP_ROOT" => cgroup })
+        else
+          start_server(kind, TREE_APP, dir: dir, port: free_port, workers: 3, env: { "CGROUP_ROOT" => cgroup })
+        end
+      begin
+        client = Memkit::ServersHelper::KeepAliveClient.new(server.port)
+        workers = {}
+        lock = Mutex.new
+        # Three clients at once, so every worker gets requests.
+        Array.new(3) do
+          Thread.new do
+            c = Memkit::ServersHelper::KeepAliveClient.new(server.port)
+            3000.times do
+              break if lock.synchronize { workers.size == 3 && workers.values.all? }
+
+              pid, _nr, state = c.get("/leak")[2].split
+              lock.synchronize { workers[pid.to_i] ||= state == "full" }
+              lock.synchronize { workers[pid.to_i] = true } if state == "full"
+            end
+            c.close
+          end
+        end.each(&:join)
+        assert_equal 3, workers.size
+        assert workers.values.all?, "every worker full: #{workers.inspect}"
+        tree = Memkit.tree(server.pid)
+        uss = tree.nodes.select { |n| workers.key?(n.pid) }.to_h { |n| [n.pid, n.memory.uss] }
+        largest = uss.max_by { |_, v| v }.first
+        # 80% of the new limit is 4 MiB under the tree: over, and replacing
+        # the largest worker (tens of MiB) brings it back under.
+        File.write(max_file, "#{((tree.total_pss - (4 << 20)) / 0.8).ceil}\n")
+        # Pings from three clients at once (a worker acts only after a request
+        # of its own): until one worker has been replaced, then 2 s more, in
+        # which no other may go and the others serve on.
+        answered = Hash.new(0)
+        stop = false
+        pingers = Array.new(3) do
+          Thread.new do
+            c = Memkit::ServersHelper::KeepAliveClient.new(server.port)
+            until stop
+              pid = c.get("/ping")[2].to_i
+              lock.synchronize { answered[pid] += 1 }
+            end
+            c.close
+          end
+        end
+        begin
+          wait_until(timeout: 30, interval: 0.1, message: "a tree-limit replacement (largest #{largest}, #{uss})") do
+            server.log_text.include?("tree pss")
+          end
+          # Counted from when the replaced worker is gone (its master reaps it).
+          wait_until(timeout: 30, message: "worker #{largest} to exit") { !File.exist?("/proc/#{largest}") }
+          lock.synchronize { answered.clear }
+          sleep 2
+        ensure
+          stop = true
+          pingers.each(&:join)
+        end
+        replaced = server.log_text.scan(/memkit: worker (\d+) tree pss/).flatten.map(&:to_i)
+        assert_equal [largest], replaced, "largest by USS was #{largest} (#{uss.inspect}):\n#{server.log_text[-2000..]}"
+        survivors = workers.keys - [largest]
+        survivors.each { |pid| assert_equal 1, Process.kill(0, pid), "worker #{pid} should still run" }
+        assert_operator (answered.keys & survivors).size, :>=, 1, "answered by #{answered.inspect}"
+        refute_includes answered.keys, largest
+        puts "\ntree limit (#{kind}): worker uss #{uss.transform_values { |v| Memkit::Units.human(v) }}; replaced #{replaced}"
+      ensure
+        client&.close
+        stop_server(server)
+      end
+    end
   end
 
   private

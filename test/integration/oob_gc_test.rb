@@ -24,7 +24,8 @@ class OobGCTest < Minitest::Test
   def test_options
     assert Memkit::OobGC.new(ALLOCATING)
     assert_raises(Memkit::InvalidArgument) { Memkit::OobGC.new(ALLOCATING, headroom: 0.5) }
-    assert_raises(Memkit::InvalidArgument) { Memkit::OobGC.new(ALLOCATING, decay: 1) }
+    assert_raises(Memkit::InvalidArgument) { Memkit::OobGC.new(ALLOCATING, percentile: 1.5) }
+    assert_raises(Memkit::InvalidArgument) { Memkit::OobGC.new(ALLOCATING, max_heap_growth: -1) }
     assert_raises(Memkit::Error) { Memkit::OobGC.new(ALLOCATING, headroom: "2") }
   end
 
@@ -175,40 +176,10 @@ class OobGCTest < Minitest::Test
     stats = Memkit::OobGC.stats
     assert_operator stats.oob_major, :>=, 2, stats.to_h
     assert_operator stats.outside_ratio, :>=, 0.9, stats.to_h
-    assert_equal [], runs.select { |minor, major| minor.positive? && major.positive? }, "minor and major back to back"
+    # The first minor has no survivor count to predict from: it may need its major.
+    assert_operator runs.count { |minor, major| minor.positive? && major.positive? }, :<=, 1,
+                    "minor and major back to back: #{runs}"
     assert_operator stats.oob_major + stats.inside_major, :<=, ruby_majors + 1, "Ruby alone: #{ruby_majors} majors; #{stats.to_h}"
-  end
-
-  # Until a GC of Ruby's own has left the heap no larger, the middleware
-  # only watches: Ruby sizes a growing heap better from its own GCs.
-  def test_watches_until_the_heap_has_settled
-    skip "one heap only: size pools (Ruby 3.2+) collect from the start" if size_pools?
-    middleware = Memkit::OobGC.new(ALLOCATING, headroom: 1_000_000) # always "due"
-    ran = []
-    serve(middleware, 3, hook: :after_reply) { |oob, _| ran << oob }
-    assert_equal [false] * 3, ran, "no GC seen yet, so none run"
-    GC.start # the heap, just collected, does not grow
-    serve(middleware, 2, hook: :after_reply) { |oob, _| ran << oob }
-    assert_equal [false] * 3 + [true] * 2, ran
-    assert_operator Memkit::OobGC.stats.watched, :>=, 1, "the GC.start, left to Ruby while watching"
-  end
-
-  # An app that keeps all it allocates grows the heap for as long as it
-  # runs; the middleware still stops watching (see OobGC#settled?).
-  def test_stops_watching_a_heap_that_keeps_growing
-    skip "one heap only: size pools (Ruby 3.2+) collect from the start" if size_pools?
-    in_fresh_process do
-      growing = keeping(strings: 20_000, requests: Float::INFINITY)
-      middleware = Memkit::OobGC.new(growing, headroom: 1_000_000) # always "due"
-      Memkit::OobGC.reset_stats
-      pages = -> { GC.stat(:heap_eden_pages) + GC.stat(:heap_allocatable_pages) }
-      before = pages.call
-      ran = 0
-      serve(middleware, 200, hook: :after_reply) { |oob, _| ran += 1 if oob }
-      assert_operator pages.call, :>, before * 2, "the heap must have grown"
-      assert_operator ran, :>=, 1, Memkit::OobGC.stats.to_h
-      assert_operator Memkit::OobGC.stats.watched, :>=, 1, Memkit::OobGC.stats.to_h
-    end
   end
 
   # While another request is in flight (a Puma thread), collecting would stop
@@ -271,8 +242,7 @@ class OobGCTest < Minitest::Test
         begin
           # Two clients at once, so that both workers get requests.
           load = -> { both { |c| 100.times { c.get("/") } } }
-          # A worker only watches until it has seen a GC of Ruby's own
-          # (OobGC#settled?): warm up until both have run one out of band.
+          # Warm up until both workers have run a GC out of band.
           warm = {}
           wait_until(timeout: 60, message: "both #{kind} workers ran a GC out of band") do
             load.call
@@ -347,8 +317,8 @@ class OobGCTest < Minitest::Test
     end.map(&:value)
   end
 
-  # A middleware past its watching phase (see OobGC#settled?): one request
-  # seen before a GC and one after.
+  # A middleware that has learned its request profile (it decides nothing
+  # before it has seen a request): one request before a GC and one after.
   def settled(middleware)
     serve(middleware, 1, hook: :after_reply)
     GC.start

@@ -4,8 +4,12 @@ require "test_helper"
 require "fileutils"
 require "open3"
 require "tmpdir"
+require "memkit/fiber_pool"
 
-class FiberPoolTest < Minitest::Test
+# What every FiberPool core must do. Included below into one test class per
+# core, each making its core's pools directly (FiberPool::RubyCore.new,
+# FiberPool::NativeCore.new), whichever FiberPool.new would pick.
+module FiberPoolContract
   # A minimal Fiber scheduler: sleeping and blocking fibers wait in tables,
   # #run resumes them when due or unblocked. Enough for Kernel#sleep and
   # Thread::Queue, which is all these tests need.
@@ -60,7 +64,9 @@ class FiberPoolTest < Minitest::Test
           @sleeping.delete(fiber)
           fiber.resume if fiber.alive?
         end
-        raise "TinyScheduler: every fiber is blocked forever" if due.empty? && @ready.empty? && @sleeping.empty? && !@blocked.empty? && @blocked.values.all?(Float::INFINITY)
+        stuck = due.empty? && @ready.empty? && @sleeping.empty? && !@blocked.empty? &&
+                @blocked.values.all?(Float::INFINITY)
+        raise "TinyScheduler: every fiber is blocked forever" if stuck
 
         Kernel.sleep(0.001) if @ready.empty?
       end
@@ -71,13 +77,14 @@ class FiberPoolTest < Minitest::Test
     def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
   end
 
-  # Every test here runs twice: against Memkit::FiberPool as loaded (its C
-  # core when built, as `rake test` does) and, in FiberPoolRubyCoreTest
-  # below, against the Ruby core it falls back to.
-  def pool_class = Memkit::FiberPool
-
   def setup
     @pool = pool_class.new(max_idle: 4, max: 8)
+  end
+
+  def test_a_pool_is_a_fiber_pool_of_its_core
+    assert_instance_of pool_class, @pool
+    assert_kind_of Memkit::FiberPool, @pool
+    assert_match(/\A#<#{pool_class.name} live=0 idle=0 max_idle=4 max=8>\z/, @pool.inspect)
   end
 
   def test_returns_the_blocks_value_and_passes_arguments
@@ -125,7 +132,7 @@ class FiberPoolTest < Minitest::Test
   end
 
   def test_fiber_locals_are_cleared_after_a_failing_job_too
-    assert_raises(RuntimeError) { @pool.run { Thread.current[:x] = 1; raise "no" } } # rubocop:disable Style/Semicolon
+    assert_raises(RuntimeError) { @pool.run { Thread.current[:x] = 1; raise "no" } }
     assert_nil @pool.run { Thread.current[:x] }
   end
 
@@ -149,11 +156,11 @@ class FiberPoolTest < Minitest::Test
 
   def test_a_pool_refuses_other_threads
     @pool.run { 1 } # an idle fiber made by this thread
-    error = Thread.new { @pool.run { :never } rescue $! }.value # rubocop:disable Style/RescueModifier
+    error = Thread.new { @pool.run { :never } rescue $! }.value
     assert_kind_of Memkit::Error, error
     assert_match(/belongs to .*used from/, error.message)
     empty = pool_class.new
-    error = Thread.new { empty.run { :never } rescue $! }.value # rubocop:disable Style/RescueModifier
+    error = Thread.new { empty.run { :never } rescue $! }.value
     assert_kind_of Memkit::Error, error
     assert_equal 2, @pool.run { 2 }, "still usable by its own thread"
     assert_equal 1, @pool.size
@@ -172,7 +179,7 @@ class FiberPoolTest < Minitest::Test
       exit!(0)
     end
     writer.close
-    before, same, size, value = Marshal.load(reader.read) # rubocop:disable Security/MarshalLoad
+    before, same, size, value = Marshal.load(reader.read)
     Process.wait(pid)
     assert_equal [0, 0], before, "the child dropped the idle fiber it inherited"
     refute same, "the child ran its job in a fiber of its own"
@@ -229,7 +236,7 @@ class FiberPoolTest < Minitest::Test
 
   def test_a_job_finished_by_someone_else_does_not_confuse_the_next_one
     captured = nil
-    first = Fiber.new { @pool.run { captured = Fiber.current; Fiber.yield(:paused); :finished } } # rubocop:disable Style/Semicolon
+    first = Fiber.new { @pool.run { captured = Fiber.current; Fiber.yield(:paused); :finished } }
     assert_equal :paused, first.resume
     assert_equal :finished, captured.resume, "a third party ran the job to its end"
     second = Fiber.new { @pool.run { Fiber.yield(:again); :second } }
@@ -334,41 +341,69 @@ class FiberPoolTest < Minitest::Test
   end
 end
 
-# The same tests against the Ruby core (FiberPool::RubyCore), the fallback
-# where ext/memkit is not built and the reference the C core mirrors.
-class FiberPoolRubyCoreTest < FiberPoolTest
-  class RubyPool < Memkit::FiberPool
-    include Memkit::FiberPool::RubyCore
+class FiberPoolRubyCoreTest < Minitest::Test
+  include FiberPoolContract
+
+  def pool_class = Memkit::FiberPool::RubyCore
+end
+
+class FiberPoolNativeCoreTest < Minitest::Test
+  include FiberPoolContract
+
+  def setup
+    skip "ext/memkit is not built for this Ruby (rake compile), or MEMKIT_NATIVE=0" unless Memkit::Native::LOADED
+    super
   end
 
-  def pool_class = RubyPool
+  def pool_class = Memkit::FiberPool::NativeCore
 
-  def test_rubycore_replaces_the_c_methods
-    refute_nil RubyPool.instance_method(:run).source_location, "#run should be RubyCore's"
+  def test_its_methods_are_c_methods
+    %i[run size idle after_fork].each do |name|
+      assert_nil pool_class.instance_method(name).source_location, "NativeCore##{name} should be C"
+    end
   end
 end
 
-# Which core Memkit::FiberPool runs on.
+# Which core Memkit::FiberPool.new picks, once.
 class FiberPoolCoreTest < Minitest::Test
-  def test_the_c_core_is_used_when_built
-    built = Dir[File.join(Memkit::TestHelpers::ROOT, "lib/memkit", RbConfig::CONFIG["ruby_version"], "memkit_native.*")]
-    skip "ext/memkit is not built for this Ruby (rake compile)" if built.empty?
+  def built?
+    !Dir[File.join(Memkit::TestHelpers::ROOT, "lib/memkit", RbConfig::CONFIG["ruby_version"], "memkit_native.*")].empty?
+  end
 
-    assert Memkit::FiberPool::NATIVE
-    refute_includes Memkit::FiberPool.ancestors, Memkit::FiberPool::RubyCore
-    assert_equal "Memkit::FiberPool#run", Memkit::FiberPool.instance_method(:run).then { |m| "#{m.owner}##{m.name}" }
-    assert_nil Memkit::FiberPool.instance_method(:run).source_location, "#run should be the C method"
+  def test_the_c_core_is_picked_when_built
+    skip "ext/memkit is not built for this Ruby (rake compile)" unless built?
+    skip "MEMKIT_NATIVE=0 is set for this run" if ENV["MEMKIT_NATIVE"] == "0"
+
+    assert_equal Memkit::FiberPool::NativeCore, Memkit::FiberPool::CORE
+    assert_instance_of Memkit::FiberPool::NativeCore, Memkit::FiberPool.new
+  end
+
+  def core_in_child(lib, env = {})
+    script = 'require "memkit"; pool = Memkit::FiberPool.new; ' \
+             "p [Memkit::FiberPool::CORE, pool.class, defined?(Memkit::FiberPool::NativeCore), " \
+             "pool.run(2) { |x| x * 21 }]"
+    clean = { "RUBYOPT" => nil, "RUBYLIB" => nil, "MEMKIT_NATIVE" => nil }
+    out, status = Open3.capture2e(clean.merge(env), RbConfig.ruby, "--disable-gems", "-I", lib, "-e", script)
+    assert status.success?, out
+    out
+  end
+
+  def test_memkit_native_0_forces_the_ruby_core
+    lib = File.join(Memkit::TestHelpers::ROOT, "lib")
+    expected = "[Memkit::FiberPool::RubyCore, Memkit::FiberPool::RubyCore, nil, 42]\n"
+    assert_equal expected, core_in_child(lib, "MEMKIT_NATIVE" => "0")
+    return unless built?
+
+    native = "[Memkit::FiberPool::NativeCore, Memkit::FiberPool::NativeCore, \"constant\", 42]\n"
+    assert_equal native, core_in_child(lib)
   end
 
   def test_without_the_c_core_memkit_falls_back_to_the_ruby_core
     Dir.mktmpdir do |dir|
       FileUtils.cp_r(File.join(Memkit::TestHelpers::ROOT, "lib"), dir)
       Dir[File.join(dir, "lib/memkit/*/memkit_native.*")].each { |f| File.delete(f) }
-      script = 'require "memkit"; pool = Memkit::FiberPool.new; ' \
-               'p [Memkit::FiberPool::NATIVE, Memkit::FiberPool.include?(Memkit::FiberPool::RubyCore), pool.run(2) { |x| x * 21 }]'
-      out, status = Open3.capture2e({ "RUBYOPT" => nil, "RUBYLIB" => nil }, RbConfig.ruby, "--disable-gems", "-I", File.join(dir, "lib"), "-e", script)
-      assert status.success?, out
-      assert_equal "[false, true, 42]\n", out
+      ruby = "[Memkit::FiberPool::RubyCore, Memkit::FiberPool::RubyCore, nil, 42]\n"
+      assert_equal ruby, core_in_child(File.join(dir, "lib"))
     end
   end
 end

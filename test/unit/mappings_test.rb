@@ -12,7 +12,7 @@ class MappingsTest < Minitest::Test
     script = "keep = (#{setup}); print Marshal.dump(Memkit.mappings.to_h)"
     out, status = Open3.capture2(RbConfig.ruby, "-I#{File.join(ROOT, 'lib')}", "-rmemkit", "-e", script)
     assert status.success?
-    Marshal.load(out) # rubocop:disable Security/MarshalLoad
+    Marshal.load(out)
   end
 
   def test_thread_stacks_are_stacks
@@ -53,6 +53,25 @@ class MappingsTest < Minitest::Test
     groups = Memkit::Mappings.new(Memkit::Mappings.parse(text)).groups
     assert_equal [2, 1, 1], [groups[:guard].count, groups[:anonymous].count, groups[:stacks].count]
     assert_equal 1024 * 1024, groups[:stacks].size
+  end
+
+  # Shape seen on Ruby 3.4 / glibc 2.43 / Linux 6.18: thread stacks guarded
+  # with MADV_GUARD_INSTALL are single rw-p mappings flagged "gu", side by
+  # side with no PROT_NONE mapping between them; an arena is not flagged.
+  def test_a_mapping_with_a_guard_region_is_a_stack
+    field = lambda do |kb, flags|
+      "Size: #{kb} kB\nRss: 8 kB\nPss: 8 kB\nPrivate_Dirty: 8 kB\nSwap: 0 kB\nVmFlags: #{flags} \n"
+    end
+    text = [
+      "7f8c2c000000-7f8c2c021000 rw-p 00000000 00:00 0 \n", field.(132, "rd wr mr mw me ac"),
+      "7f8c30949000-7f8c30a4a000 rw-p 00000000 00:00 0 \n", field.(1028, "rd wr mr mw me gu ac nh"),
+      "7f8c30a4a000-7f8c30b4b000 rw-p 00000000 00:00 0 \n", field.(1028, "rd wr mr mw me ac"),
+      "7f8c30b4b000-7f8c30c4c000 rw-p 00000000 00:00 0 \n", field.(1028, "rd wr mr mw me gu ac nh")
+    ].join
+    mappings = Memkit::Mappings.parse(text)
+    assert_equal [false, true, false, true], mappings.map(&:guard_region?)
+    groups = Memkit::Mappings.new(mappings).groups
+    assert_equal [2, 2, 0], [groups[:anonymous].count, groups[:stacks].count, groups[:guard].count]
   end
 
   def test_libraries_and_kernel_mappings

@@ -11,19 +11,21 @@ module Memkit
     # memkit bench cow: copy-on-write after fork, every way of preparing for
     # it side by side in one run, on two heap shapes:
     #   tree: seed 000's shape, a binary tree of empty arrays (2^(depth+1) objects)
-    #   app:  bench/cow_app.rb, a booted web app's heap, each child serving requests
+    #   app:  lib/memkit/bench/cow_app.rb, a booted web app's heap, each child serving requests
     # Each row is a fresh master process: it builds the shape, prepares as
     # its mode says, forks N children that wait until all are forked, then
     # each runs its work and a full GC. This process then measures every
-    # child from outside (pagemap frames, smaps) and reports the means.
+    # child from outside (smaps_rollup, pagemap frames). The headline is
+    # what the tree costs: the total PSS of master + children, and each
+    # child's USS; shared% of the master is secondary, beside the master's rss.
     class Cow
       RUBY_MODES = {
         "plain" => "fork with nothing done before",
         "nakayoshi" => "the nakayoshi_fork gem (up to 4 minor GCs before every fork)",
         "puma_old" => "Puma's old nakayoshi_fork option: 4 minor GCs + GC.compact once",
         "process_warmup" => "Process.warmup once (Ruby 3.3+)",
-        "warmup" => "Memkit.warmup once before forking",
-        "warmup_nofill" => "Memkit.warmup(fill: false) once before forking",
+        "warmup" => "Memkit.warmup once before forking (memkit's default)",
+        "warmup_fill" => "Memkit.warmup(fill: true) once before forking",
         "memkit_fork" => "require \"memkit/fork\" (adaptive hook on every fork)",
         "floor" => "brute force: 10 full GCs, GC.compact, full GC, malloc_trim (the floor)"
       }.freeze
@@ -32,12 +34,13 @@ module Memkit
         "step:+coderange" => { process_warmup: false, compact: false, trim: false, fill: false },
         "step:+compact" => { process_warmup: false, trim: false, fill: false },
         "step:+trim" => { process_warmup: false, fill: false },
-        "step:+fill" => { process_warmup: false }
+        "step:+fill" => { process_warmup: false, fill: true }
       }.freeze
-      APP = File.expand_path("../../../bench/cow_app.rb", __dir__)
+      ANCHORS = %w[nakayoshi process_warmup puma_old].freeze
 
       def self.run(argv, out: $stdout)
-        new(argv, out).run
+        bench = new(argv, out)
+        bench.help? ? 0 : bench.run
       end
 
       def initialize(argv, out)
@@ -54,17 +57,39 @@ module Memkit
           o.on("--modes LIST", Array, "subset of: #{(RUBY_MODES.keys + STEP_MODES.keys).join(', ')}") { |v| @opts[:modes] = v }
           o.on("--steps", "add Memkit.warmup step by step (promote, +coderange, +compact, +trim)") { @opts[:steps] = true }
           o.on("--[no-]python", "add the Python rows (gc.freeze vs not; default on when python3 exists)") { |v| @opts[:python] = v }
-          o.on("-h", "--help") { @out.puts(o.help) || (return 0) }
+          o.on("-h", "--help", "print this help and exit") do
+            @out.puts(o.help)
+            @help = true
+          end
         end.parse!(argv)
+        return if @help
+
         unknown = @opts[:modes] - RUBY_MODES.keys - STEP_MODES.keys
         raise InvalidArgument, "unknown mode(s) #{unknown.join(', ')}" unless unknown.empty?
-        raise InvalidArgument, "--children must be >= 1" unless @opts[:children] >= 1
+        raise InvalidArgument, "children must be >= 1, not #{@opts[:children]}" unless @opts[:children] >= 1
+        if @opts[:modes].include?("process_warmup") && !Process.respond_to?(:warmup)
+          raise InvalidArgument, "mode process_warmup needs Process.warmup (Ruby 3.3+)"
+        end
+        if @opts[:modes].include?("nakayoshi") && !nakayoshi_installed?
+          raise InvalidArgument, "mode nakayoshi needs the nakayoshi_fork gem installed"
+        end
       end
+
+      def help? = @help ? true : false
 
       def default_modes
         modes = RUBY_MODES.keys
         modes -= ["process_warmup"] unless Process.respond_to?(:warmup)
+        modes -= ["nakayoshi"] unless nakayoshi_installed?
         modes
+      end
+
+      # The nakayoshi_fork gem is an anchor, not a dependency: its row is
+      # left out where it is not installed.
+      def nakayoshi_installed?
+        Gem::Specification.find_all_by_name("nakayoshi_fork").any?
+      rescue StandardError
+        false
       end
 
       def run
@@ -78,33 +103,38 @@ module Memkit
             [false, true].each { |freeze| rows << measure_python(freeze) }
           end
         end
-        @out.puts CLI.table(%w[shape mode parent_rss prep_ms fork1_ms forkN_ms child_priv max_priv shared% min_shared%],
+        @out.puts CLI.table(%w[shape mode tree_pss master_pss child_uss max_uss shared% master_rss prep_ms fork1_ms forkN_ms],
                             rows.map { |r| row(r) }, left: [0, 1])
         ratios(rows)
+        @out.puts "tree_pss: total PSS of the master and its #{@opts[:children]} children after their work and a full GC " \
+                  "(what the tree costs); child_uss: a child's private memory (mean, max); " \
+                  "shared%: of the master's rss, secondary"
         0
       end
 
       private
 
       def row(r)
-        [r[:shape], r[:mode], Units.human(r[:parent_rss]), ms(r[:prep]), ms(r[:forks].first), ms(mean(r[:forks].drop(1))),
-         Units.human(mean(r[:children].map { |c| c[:private_dirty] })), Units.human(r[:children].map { |c| c[:private_dirty] }.max),
-         format("%.1f", mean(r[:children].map { |c| c[:shared_pct] })), format("%.1f", r[:children].map { |c| c[:shared_pct] }.min)]
+        uss = r[:children].map { |c| c[:uss] }
+        [r[:shape], r[:mode], Units.human(r[:tree_pss]), Units.human(r[:master_pss]), Units.human(mean(uss)),
+         Units.human(uss.max), format("%.1f", mean(r[:children].map { |c| c[:shared_pct] })),
+         Units.human(r[:parent_rss]), ms(r[:prep]), ms(r[:forks].first), ms(mean(r[:forks].drop(1)))]
       end
 
+      # Each mode's tree against plain fork and against the best anchor
+      # (the smallest tree among the other tools' recipes) on this Ruby.
       def ratios(rows)
         @opts[:shapes].each do |shape|
-          get = ->(mode) { rows.find { |r| r[:shape] == shape && r[:mode] == mode } }
-          floor = get.("floor")
-          plain = get.("plain")
-          next unless floor && plain
+          of_shape = rows.select { |r| r[:shape] == shape }
+          plain = of_shape.find { |r| r[:mode] == "plain" }
+          best = of_shape.select { |r| ANCHORS.include?(r[:mode]) }.min_by { |r| r[:tree_pss] }
+          of_shape.each do |r|
+            next if r.equal?(plain) || r.equal?(best)
 
-          priv = ->(r) { mean(r[:children].map { |c| c[:private_dirty] }) }
-          later = ->(r) { mean(r[:forks].drop(1)) }
-          %w[warmup memkit_fork nakayoshi puma_old process_warmup].each do |mode|
-            r = get.(mode) or next
-            @out.puts format("%-5s %-14s child private dirty %.2fx the floor; forks after the first %.2fx a plain fork",
-                             shape, mode, priv.(r) / [priv.(floor), 1].max, later.(r) / [later.(plain), 1e-9].max)
+            line = format("%-5s %-16s tree %s", shape, r[:mode], Units.human(r[:tree_pss]))
+            line << format("  %.2fx plain", r[:tree_pss].fdiv(plain[:tree_pss])) if plain
+            line << format("  %.2fx %s (best anchor)", r[:tree_pss].fdiv(best[:tree_pss]), best[:mode]) if best
+            @out.puts line
           end
         end
       end
@@ -132,8 +162,13 @@ module Memkit
           line = io.gets or raise Error, "#{mode}: master exited early"
           info = JSON.parse(line, symbolize_names: true)
           cow = Memkit::Cow.read(info[:pid], info[:children])
+          master = Memory.read(info[:pid])
+          children = info[:children].map { |pid| Memory.read(pid) }
           { shape: shape, mode: mode, parent_rss: cow.master_rss, prep: info[:prep], forks: info[:forks],
-            children: cow.workers.map { |w| { private_dirty: w.private_dirty, shared_pct: w.shared_pct } } }
+            tree_pss: master.pss + children.sum(&:pss), master_pss: master.pss,
+            children: cow.workers.zip(children).map do |w, m|
+              { private_dirty: w.private_dirty, shared_pct: w.shared_pct, uss: m.uss }
+            end }
         ensure
           io.close_write
         end
@@ -185,7 +220,7 @@ module Memkit
           if @shape == "tree"
             $tree = make_tree(@depth)
           else
-            require APP
+            require_relative "cow_app"
             CowApp.boot(scale: @scale)
           end
         end
@@ -194,7 +229,7 @@ module Memkit
 
         def prepare
           case @mode
-          when "plain", "floor", "process_warmup", "puma_old", "warmup", "warmup_nofill" then nil
+          when "plain", "floor", "process_warmup", "puma_old", "warmup", "warmup_fill" then nil
           when "nakayoshi" then require "nakayoshi_fork"
           when "memkit_fork" then require "memkit/fork"
           when /\Astep:/ then Memkit.warmup(force: true, **STEP_MODES.fetch(@mode))
@@ -211,7 +246,7 @@ module Memkit
             4.times { GC.start(full_mark: false) }
             GC.compact if GC.respond_to?(:compact)
           when "warmup" then Memkit.warmup
-          when "warmup_nofill" then Memkit.warmup(fill: false)
+          when "warmup_fill" then Memkit.warmup(fill: true)
           end
         end
 

@@ -1,7 +1,6 @@
 # frozen_string_literal: true
 
 require "json"
-require "optparse"
 require_relative "../../memkit"
 require_relative "../fiber_pool"
 
@@ -9,7 +8,8 @@ module Memkit
   module Bench
     # memkit bench fiber: what fibers cost on this Ruby build.
     #
-    # The four shapes of CRuby's own benchmarks for its fiber pool (seed 004):
+    # The four shapes of CRuby's own benchmarks for its fiber pool
+    # (benchmark/vm2_fiber_*.yml in ruby/ruby):
     #   allocate: create a fiber, resume it once (it suspends), drop it
     #   count:    keep N fibers alive and suspended (rate, RSS and address space per fiber)
     #   reuse:    batches of 1024 fibers created, suspended, then finished
@@ -24,49 +24,45 @@ module Memkit
       JOB_SHAPES = %w[new pool bare].freeze
       VM_SHAPES = %w[allocate reuse switch].freeze
 
-      def self.run(argv, out: $stdout)
-        new(argv, out).run
-      end
+      CORES = { "c" => -> { FiberPool::NativeCore if Native::LOADED }, "ruby" => -> { FiberPool::RubyCore } }.freeze
 
-      def initialize(argv, out)
-        @out = out
-        @rounds = 7
-        @jobs = 200_000
-        @fibers = 10_000
-        @json = false
-        parser = OptionParser.new do |o|
-          o.banner = "Usage: memkit bench fiber [--rounds N] [--jobs N] [--fibers N] [--json]"
-          o.on("--rounds N", Integer, "interleaved rounds, the median is reported (default #{@rounds})") { |n| @rounds = n }
-          o.on("--jobs N", Integer, "jobs (or switches, or fibers) per shape per round (default #{@jobs})") { |n| @jobs = n }
-          o.on("--fibers N", Integer, "live fibers for the count shape (default #{@fibers})") { |n| @fibers = n }
-          o.on("--json", "print JSON") { @json = true }
+      # rounds: interleaved rounds (the median is reported); jobs: jobs (or
+      # switches, or fibers) per shape per round; fibers: live fibers for the
+      # count shape; core: "c" or "ruby", the FiberPool core the pool shape
+      # uses (default: the one FiberPool.new picks).
+      def initialize(rounds: 7, jobs: 200_000, fibers: 10_000, core: nil)
+        { rounds: rounds, jobs: jobs, fibers: fibers }.each do |name, value|
+          next if value.is_a?(Integer) && value.positive?
+
+          raise InvalidArgument, "Bench::Fiber #{name}: expected a positive Integer, got #{value.inspect}"
         end
-        parser.parse!(argv)
-        raise CLI::UsageError, "unexpected argument #{argv.first.inspect}" unless argv.empty?
-        raise CLI::UsageError, "--rounds, --jobs and --fibers must be positive" unless [@rounds, @jobs, @fibers].all?(&:positive?)
+        @rounds = rounds
+        @jobs = jobs
+        @fibers = fibers
+        @core = core.nil? ? FiberPool::CORE : core_class(core)
       end
 
+      # The report as a Hash (rates per second, ratios, the count shape).
       def run
         # First, while this process has made no fibers: the VM keeps finished
         # fibers' stacks, so a child forked later would reuse them for free.
         count = count_in_child(@fibers)
         rates = Hash.new { |h, k| h[k] = [] }
-        pool = FiberPool.new
+        pool = @core.new
         @rounds.times do
           JOB_SHAPES.each { |shape| rates[shape] << rate(@jobs) { job_loop(shape, pool, @jobs) } }
           VM_SHAPES.each { |shape| rates[shape] << rate(@jobs) { vm_loop(shape, @jobs) } }
         end
         medians = rates.transform_values { |v| median(v) }
         report = {
-          ruby: RUBY_DESCRIPTION, rounds: @rounds, jobs: @jobs, pool_core: FiberPool::NATIVE ? "c" : "ruby",
+          ruby: RUBY_DESCRIPTION, rounds: @rounds, jobs: @jobs, pool_core: @core == FiberPool::RubyCore ? "ruby" : "c",
           per_second: medians.transform_values(&:round),
           ratios: { pool_vs_new: ratio(medians["pool"], medians["new"]),
                     bare_vs_new: ratio(medians["bare"], medians["new"]),
                     pool_vs_bare: ratio(medians["pool"], medians["bare"]) },
           count: count
         }
-        @json ? @out.puts(JSON.pretty_generate(report)) : print_report(report)
-        0
+        report
       end
 
       private
@@ -85,7 +81,7 @@ module Memkit
             i += 1
           end
         when "bare"
-          fiber = ::Fiber.new { |job| job = ::Fiber.yield(job.call) while true } # rubocop:disable Style/InfiniteLoop
+          fiber = ::Fiber.new { |job| job = ::Fiber.yield(job.call) while true }
           while i < n
             fiber.resume(proc { i + 1 })
             i += 1
@@ -103,7 +99,7 @@ module Memkit
             batch.each(&:resume)
           end
         when "switch"
-          fiber = ::Fiber.new { ::Fiber.yield while true } # rubocop:disable Style/InfiniteLoop
+          fiber = ::Fiber.new { ::Fiber.yield while true }
           n.times { fiber.resume }
         end
       end
@@ -142,31 +138,13 @@ module Memkit
         Process.wait(pid) if pid
       end
 
-      def print_report(r)
-        rows = r[:per_second].map { |shape, per_s| [shape, per_s.to_s, unit(shape)] }
-        @out.puts "#{r[:ruby]}"
-        @out.puts "FiberPool core: #{r[:pool_core] == "c" ? "C (ext/memkit)" : "Ruby (ext/memkit is not built)"}"
-        @out.puts "medians of #{r[:rounds]} interleaved rounds, #{r[:jobs]} jobs (or fibers, or switches) each"
-        @out.puts CLI.table(%w[shape per_second unit], rows, left: [0, 2])
-        @out.puts format("pool/new %.2fx   bare/new %.2fx   pool/bare %.2fx",
-                         r[:ratios][:pool_vs_new], r[:ratios][:bare_vs_new], r[:ratios][:pool_vs_bare])
-        c = r[:count]
-        @out.puts format("count: %d live fibers at %d/s: %s RSS and %s address space per fiber, %.2f mappings per fiber",
-                         c[:fibers], c[:per_second], Units.human(c[:rss_per_fiber]),
-                         Units.human(c[:address_space_per_fiber]), c[:mappings_per_fiber])
-        limit = File.read("/proc/sys/vm/max_map_count").to_i
-        return unless c[:mappings_per_fiber].positive?
-
-        @out.puts format("vm.max_map_count %d allows about %d live fibers in one process",
-                         limit, (limit / c[:mappings_per_fiber]).floor)
-      end
-
-      def unit(shape)
-        case shape
-        when *JOB_SHAPES then "jobs"
-        when "switch" then "resume+yield"
-        else "fibers"
+      def core_class(name)
+        unless CORES.key?(name)
+          raise InvalidArgument, "Bench::Fiber core: expected one of #{CORES.keys.join(', ')}, got #{name.inspect}"
         end
+
+        CORES.fetch(name).call or
+          raise InvalidArgument, "Bench::Fiber core: \"c\", but ext/memkit is not built or MEMKIT_NATIVE=0 is set"
       end
 
       def rate(n)

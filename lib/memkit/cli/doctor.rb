@@ -15,11 +15,15 @@ module Memkit
             options[:probe] = false
           end
           o.on("--fibers N", Integer, "fibers the probe creates (default 1000)") { |n| options[:fibers] = n }
+          o.on("--timeout SECONDS", Float, "stop the probe after this long (default 60)") { |s| options[:timeout] = s }
         end
         raise UsageError, "unexpected argument #{argv[1].inspect}" if argv.size > 1
 
         pid = argv.empty? ? nil : pid_argument(argv)
-        doctor = Memkit::Doctor.new(pid: pid, probe: options.fetch(:probe, true), fibers: options.fetch(:fibers, 1000))
+        raise UsageError, "--fibers: must be a positive number" unless options.fetch(:fibers, 1).positive?
+        raise UsageError, "--timeout: must be a positive number of seconds" unless options.fetch(:timeout, 1).positive?
+
+        doctor = Memkit::Doctor.new(pid: pid, **options.slice(:probe, :fibers, :timeout))
         checks = doctor.checks
         if options[:json]
           print_json(doctor.to_h)

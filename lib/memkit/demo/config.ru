@@ -1,8 +1,9 @@
 # frozen_string_literal: true
 
 # memkit's sample app: boot data the workers share with the master, requests
-# that allocate like a small web app does, and a /leak endpoint that keeps
-# 2 MB per request so MemoryLimit has a bloated worker to replace.
+# that allocate like a small web app does (a few thousand objects each), and
+# a /leak endpoint that keeps 2 MB per request so MemoryLimit has a bloated
+# worker to replace.
 require "json"
 require_relative "../../memkit"
 
@@ -19,6 +20,12 @@ LEAK = []
 run lambda { |env|
   LEAK << ("x" * (2 << 20)) if env["PATH_INFO"].start_with?("/leak")
   id = env["PATH_INFO"][/\d+/].to_i % CATALOG.size
-  body = JSON.generate(CATALOG[id, 200])
+  # Rows shaped for the page, as a view or serializer builds them: the
+  # short-lived objects that make a web app's GC work.
+  rows = CATALOG[id, 200].map do |item|
+    { "id" => item["id"], "name" => item["name"].upcase, "url" => "/products/#{item['id']}",
+      "tags" => item["tags"].map(&:capitalize), "price" => format("%.2f", item["price"]) }
+  end
+  body = JSON.generate(rows)
   [200, { "content-type" => "application/json", "content-length" => body.bytesize.to_s }, [body]]
 }

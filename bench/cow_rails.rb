@@ -1,0 +1,233 @@
+# frozen_string_literal: true
+
+# Copy-on-write on a real Rails app (bench/rails/): boots it under real
+# Unicorn and real Puma (cluster), 4 workers, preloaded in the master, once per
+# way of preparing the master; at each request count sends every worker the
+# same mix of requests (HTML pages with partials and helpers in two locales,
+# the JSON API), has every worker run a full GC, and reads the tree.
+#
+#   bench/rails/setup                       # once: bundle install + seed the SQLite file
+#   flock /tmp/memkit-bench.lock bundle exec ruby bench/cow_rails.rb \
+#       [--servers unicorn,puma] [--modes plain,nakayoshi,memkit] [--counts 500,2000] [--repeat 1] [--out rows.jsonl]
+#   bundle exec ruby bench/cow_rails.rb --report rows.jsonl   # the table and ratios of earlier runs
+#
+# --out appends one JSON line per measurement, so that a long matrix can run
+# as several short runs (each holding the lock under 10 minutes) and be
+# reported together.
+#
+# Modes (bench/rails/modes.rb): plain, nakayoshi (3.1/3.2 anchor), process_warmup
+# (3.3+ anchor), memkit (app warm-up requests + heap steps), heap (heap steps only),
+# fork (require "memkit/fork"); "+fill"/"+nofill" after a memkit mode.
+#
+# The headline is the tree's total PSS (master + workers) and each worker's
+# USS; shared% (of the master) is secondary, with the master's size beside it.
+$LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
+require "memkit"
+require "memkit/cow"
+require "memkit/loopback"
+require "memkit/cli"
+require "net/http"
+require "json"
+require "optparse"
+require "rbconfig"
+require "tmpdir"
+
+module CowRails
+  DIR = File.expand_path("rails", __dir__)
+  DB = ENV.fetch("BENCH_RAILS_DB", File.join(Dir.tmpdir, "memkit-bench-rails.sqlite3"))
+  ANCHORS = %w[nakayoshi process_warmup].freeze
+
+  Server = Struct.new(:name, :mode, :pid, :port, :log, keyword_init: true)
+
+  module_function
+
+  def env_for(mode, port)
+    { "BUNDLE_GEMFILE" => File.join(DIR, "Gemfile"), "BENCH_RAILS_DB" => DB, "COW_MEMKIT" => mode,
+      "COW_PORT" => port.to_s, "COW_WORKERS" => "4", "RUBYOPT" => nil, "BUNDLE_BIN_PATH" => nil }
+  end
+
+  def start(name, mode, timeout: 180)
+    port = Memkit::Loopback.free_port
+    log = File.join(Dir.tmpdir, "memkit-cow-rails-#{name}-#{port}.log")
+    argv = name == "unicorn" ? %w[bundle exec unicorn -c unicorn.rb config.ru] : %w[bundle exec puma -C puma.rb]
+    pid = Process.spawn(env_for(mode, port), *argv, chdir: DIR, out: log, err: log, pgroup: true)
+    server = Server.new(name: name, mode: mode, pid: pid, port: port, log: log)
+    deadline = now + timeout
+    until Memkit::Cow.children(pid).size == 4 && get(port, "/gc")
+      raise "#{name} (#{mode}) did not boot in #{timeout}s; log #{log}:\n#{File.read(log)[-3000..]}" if now > deadline || !alive?(pid)
+
+      sleep 0.3
+    end
+    server
+  end
+
+  def stop(server)
+    return unless server
+
+    Process.kill(:QUIT, server.pid) rescue nil
+    deadline = now + 20
+    sleep 0.1 while now < deadline && !Process.wait(server.pid, Process::WNOHANG)
+    Process.kill(:KILL, -server.pid) rescue nil
+    Process.wait(server.pid) rescue nil
+  end
+
+  def alive?(pid)
+    Process.kill(0, pid) && true
+  rescue Errno::ESRCH
+    false
+  end
+
+  # [worker pid, worker count] from one request, or nil.
+  def get(port, path, limit: nil)
+    Net::HTTP.start("127.0.0.1", port, open_timeout: 5, read_timeout: 60) do |http|
+      headers = { "Connection" => "close" }
+      headers["X-Limit"] = limit.to_s if limit
+      response = http.get(path, headers)
+      raise "#{path}: #{response.code}" if response.code.to_i >= 500
+
+      response["x-worker"]&.split&.map(&:to_i)
+    end
+  rescue SystemCallError, Net::OpenTimeout, Net::ReadTimeout, EOFError, IOError
+    nil
+  end
+
+  # The request mix: list pages, product pages, categories, the JSON API,
+  # a third of them in French. The same sequence in every run.
+  def path(i)
+    locale = (i % 3).zero? ? "locale=fr" : nil
+    base = case i % 4
+           when 0 then "/products?page=#{1 + (i / 4) % 80}"
+           when 1 then "/products/#{1 + (i * 7) % 1_900}"
+           when 2 then "/categories/#{%w[books music garden tools toys kitchen sports travel office health][i % 10]}"
+           else "/api/products.json?page=#{1 + (i / 4) % 90}"
+           end
+    locale ? "#{base}#{base.include?('?') ? '&' : '?'}#{locale}" : base
+  end
+
+  # Sends requests until every worker's app has served `per_worker`; a full
+  # worker answers without the app (X-Limit), so the others catch up.
+  def drive(server, per_worker, clients: 4, timeout: 900)
+    counts = Hash.new(0)
+    lock = Mutex.new
+    seq = 0
+    deadline = now + timeout
+    workers = Memkit::Cow.children(server.pid)
+    done = -> { lock.synchronize { workers.all? { |w| counts[w] >= per_worker } } }
+    Array.new(clients) do
+      Thread.new do
+        until done.call || now > deadline
+          i = lock.synchronize { seq += 1 }
+          pid, count = get(server.port, path(i), limit: per_worker)
+          lock.synchronize { counts[pid] = [counts[pid], count].max } if pid
+        end
+      end
+    end.each(&:join)
+    raise "workers did not reach #{per_worker} requests in #{timeout}s: #{counts}" unless done.call
+
+    counts
+  end
+
+  def gc_all(server, hold: 1.0, timeout: 120)
+    want = Memkit::Cow.children(server.pid)
+    seen = {}
+    deadline = now + timeout
+    until (want - seen.keys).empty?
+      raise "not every worker ran /gc in #{timeout}s" if now > deadline
+
+      Array.new(want.size) { Thread.new { get(server.port, "/gc?hold=#{hold}") } }.each do |t|
+        pid, = t.value
+        seen[pid] = true if pid
+      end
+    end
+  end
+
+  def measure(server)
+    tree = Memkit::Tree.read(server.pid)
+    master = tree.nodes.find { |n| n.pid == server.pid }
+    workers = tree.nodes.reject { |n| n.pid == server.pid }
+    cow = Memkit::Cow.read(server.pid, workers.map(&:pid))
+    { tree: tree.total_pss, master_pss: master.memory.pss, master_rss: master.memory.rss,
+      uss: workers.map { |n| n.memory.uss }, shared: cow.workers.map(&:shared_pct) }
+  end
+
+  def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+  def mb(bytes) = format("%.1f", bytes / 1_000_000.0)
+
+  def mean(values) = values.sum.fdiv(values.size)
+
+  def seed
+    return if File.exist?(DB)
+
+    code = 'require "./app"; Rails.application.initialize!; BenchRails.seed'
+    system(env_for("plain", 0), "bundle", "exec", "ruby", "-e", code, chdir: DIR, exception: true)
+  end
+
+  def main(argv)
+    opts = { servers: %w[unicorn puma], modes: nil, counts: [500, 2000], repeat: 1, out: nil, report: nil }
+    OptionParser.new do |o|
+      o.on("--servers LIST", Array) { |v| opts[:servers] = v }
+      o.on("--modes LIST", Array) { |v| opts[:modes] = v }
+      o.on("--counts LIST", Array, "requests per worker at which to measure (default 500,2000)") { |v| opts[:counts] = v.map { |c| Integer(c) } }
+      o.on("--repeat N", Integer) { |v| opts[:repeat] = v }
+      o.on("--out FILE", "append each measurement as a JSON line") { |v| opts[:out] = v }
+      o.on("--report FILE", "print the table of the measurements in FILE, run nothing") { |v| opts[:report] = v }
+    end.parse!(argv)
+    if opts[:report]
+      rows = File.readlines(opts[:report]).map { |l| JSON.parse(l, symbolize_names: true) }
+      return report(rows)
+    end
+    opts[:modes] ||= ["plain", Process.respond_to?(:warmup) ? "process_warmup" : "nakayoshi", "memkit"]
+    seed
+    puts "cow_rails: ruby #{RUBY_VERSION}, 4 workers, requests per worker #{opts[:counts].join(', ')}, " \
+         "#{Time.now.utc.strftime('%F %H:%M')} UTC"
+    rows = []
+    opts[:servers].each do |name|
+      opts[:modes].each do |mode|
+        opts[:repeat].times do
+          server = start(name, mode)
+          begin
+            opts[:counts].each do |count|
+              drive(server, count)
+              gc_all(server)
+              m = measure(server)
+              row = { server: name, mode: mode, count: count, ruby: RUBY_VERSION, **m }
+              rows << row
+              File.open(opts[:out], "a") { |f| f.puts(JSON.generate(row)) } if opts[:out]
+              $stderr.puts format("%s %s %d: tree %s MB, master pss %s, worker uss %s (max %s), shared %.1f%%",
+                                  name, mode, count, mb(m[:tree]), mb(m[:master_pss]), mb(mean(m[:uss])), mb(m[:uss].max),
+                                  mean(m[:shared]))
+            end
+          ensure
+            stop(server)
+          end
+        end
+      end
+    end
+    report(rows)
+  end
+
+  def report(rows)
+    cells = rows.sort_by { |r| [r[:server], r[:count]] }.map do |r|
+      [r[:server], r[:mode], r[:count], mb(r[:tree]), mb(r[:master_pss]), mb(mean(r[:uss])), mb(r[:uss].max),
+       format("%.1f", mean(r[:shared])), mb(r[:master_rss])]
+    end
+    puts Memkit::CLI.table(%w[server mode req/worker tree_pss_MB master_pss_MB worker_uss_MB max_uss_MB shared% master_rss_MB],
+                           cells, left: [0, 1])
+    rows.group_by { |r| [r[:server], r[:count]] }.each do |(server, count), list|
+      tree = ->(mode) { (t = list.select { |r| r[:mode] == mode }).empty? ? nil : mean(t.map { |r| r[:tree] }) }
+      plain = tree.call("plain")
+      best = ANCHORS.filter_map { |a| (v = tree.call(a)) && [a, v] }.min_by(&:last)
+      list.map { |r| r[:mode] }.uniq.each do |mode|
+        line = format("%-8s %6d %-16s tree %7s MB", server, count, mode, mb(tree.call(mode)))
+        line << format("  %.2fx plain", tree.call(mode) / plain) if plain
+        line << format("  %.2fx %s", tree.call(mode) / best[1], best[0]) if best
+        puts line
+      end
+    end
+    puts "tree_pss: total PSS of master + 4 workers after the requests and a full GC in each worker"
+    puts "worker_uss: a worker's private memory; shared%: of the master's rss, exact (pagemap) where readable"
+  end
+end
+
+CowRails.main(ARGV) if $PROGRAM_NAME == __FILE__

@@ -1,0 +1,55 @@
+# frozen_string_literal: true
+
+# A quick lab for the Rails app's copy-on-write, without a server or sockets:
+# boots bench/rails in this process, prepares as MODE says, forks 4 children
+# that each call the app in-process for N requests (bench/cow_rails.rb's mix)
+# and run a full GC, then reads the tree's total PSS and each child's USS.
+# For choosing steps quickly; bench/cow_rails.rb is the measurement on real
+# servers.
+#
+#   BUNDLE_GEMFILE=bench/rails/Gemfile bundle exec ruby bench/cow_rails_lab.rb MODE [REQUESTS]
+#   MODE: plain | nakayoshi | process_warmup | heap | memkit | memkit+fill | heap+fill
+require_relative "cow_rails"
+ENV["BENCH_RAILS_DB"] ||= CowRails::DB
+Dir.chdir(CowRails::DIR)
+require "rack"
+app, = Rack::Builder.parse_file(File.join(CowRails::DIR, "config.ru"))
+mode = ARGV.fetch(0)
+requests = Integer(ARGV.fetch(1, "500"))
+name, *flags = mode.split("+")
+options = flags.include?("fill") ? { fill: true } : {}
+Memkit::Railtie.disconnect_database
+case name
+when "plain" then nil
+when "nakayoshi" then require "nakayoshi_fork"
+when "process_warmup" then Process.warmup
+when "heap" then Memkit.warmup(**options)
+when "memkit" then Memkit::Railtie.before_fork(**options)
+else abort "unknown mode #{mode}"
+end
+Memkit::Railtie.disconnect_database
+ready_r, ready_w = IO.pipe
+pids = Array.new(4) do |k|
+  fork do
+    ready_r.close
+    requests.times do |i|
+      env = Memkit::Warmup::App.env(CowRails.path(i * 4 + k))
+      _status, _headers, body = app.call(env)
+      body.each { |_| nil }
+      body.close if body.respond_to?(:close)
+    end
+    GC.start(full_mark: true, immediate_sweep: true)
+    ready_w.write("r")
+    sleep
+  end
+end
+ready_w.close
+ready_r.read(4)
+tree = Memkit::Tree.read(Process.pid)
+master = tree.nodes.find { |n| n.pid == Process.pid }.memory
+uss = tree.nodes.reject { |n| n.pid == Process.pid }.map { |n| n.memory.uss }
+puts format("%-16s %5d req: tree %6.1f MB  master pss %5.1f rss %5.1f  child uss mean %5.1f max %5.1f",
+            mode, requests, tree.total_pss / 1e6, master.pss / 1e6, master.rss / 1e6, uss.sum / 4e6, uss.max / 1e6)
+system(RbConfig.ruby, File.expand_path("../exe/memkit", __dir__), "maps", pids.first.to_s) if ENV["LAB_MAPS"]
+pids.each { |pid| Process.kill(:KILL, pid) }
+pids.each { |pid| Process.wait(pid) }

@@ -1,0 +1,278 @@
+# frozen_string_literal: true
+
+require "monitor"
+require_relative "profile"
+require_relative "policy"
+require_relative "counters"
+require_relative "heap_growth"
+require_relative "../out_of_band"
+
+module Memkit
+  class OobGC
+    # Out-of-band GC for any server: call #started when a unit of work
+    # begins (a request, a job) and #finished with what it returned once the
+    # work's result has gone out. Between the two nothing is collected; at
+    # #finished, if the heap says the next unit would start a GC, it runs
+    # now. A Sidekiq-style loop:
+    #
+    #   collector = Memkit::OobGC::Collector.new
+    #   token = collector.started
+    #   perform(job)
+    #   collector.finished(token)
+    #
+    # Several collectors in one process share the process's counters; a GC
+    # runs only when no unit is in flight in any of them.
+    class Collector
+      DEFAULTS = { headroom: 1.1, percentile: 0.95, window: 200, max_heap_growth: 64 << 20, regrow_after: 500,
+                   full_mark: :auto }.freeze
+
+      # A reading of the heap, as the policies take it.
+      def self.reading
+        heaps = if GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
+                  (0...(GC::INTERNAL_CONSTANTS[:SIZE_POOL_COUNT] || GC.stat_heap.size)).map { |i| GC.stat_heap(i) }
+                end
+        { stat: GC.stat, heaps: heaps, info: GC.latest_gc_info }
+      end
+
+      attr_reader :policy, :profile
+
+      # headroom: requests' worth of allocation that must remain free before
+      #   the next GC for the collector to leave the heap alone (1 = exactly
+      #   the next request at the learned percentile; each 0.1 more collects
+      #   earlier, and more often than Ruby would: with N requests between
+      #   GCs, about N / (N - headroom + 1) times Ruby's count).
+      # percentile, window: the request profile (see Profile).
+      # max_heap_growth: bytes of object pages the collector may add to the
+      #   heap at run time, so that a collected heap holds the next requests
+      #   (0 turns growing off; boot_env in stats still says what to set).
+      # regrow_after: requests before growing again a heap Ruby has shrunk.
+      # full_mark: on Ruby 3.4+ (GC.config), :auto stops Ruby's own major
+      #   GCs while serving and runs them between requests; true leaves them
+      #   to Ruby.
+      # log: a callable taking one line (default: warn).
+      def initialize(headroom: DEFAULTS[:headroom], percentile: DEFAULTS[:percentile], window: DEFAULTS[:window],
+                     max_heap_growth: DEFAULTS[:max_heap_growth], regrow_after: DEFAULTS[:regrow_after],
+                     full_mark: DEFAULTS[:full_mark], log: ->(line) { warn(line) }, policy: nil)
+        unless headroom.is_a?(Numeric) && headroom >= 1
+          raise InvalidArgument, "Memkit::OobGC: headroom must be a number >= 1 (got #{headroom.inspect})"
+        end
+        unless max_heap_growth.is_a?(Integer) && max_heap_growth >= 0
+          raise InvalidArgument, "Memkit::OobGC: max_heap_growth must be an Integer >= 0 (got #{max_heap_growth.inspect})"
+        end
+        unless [:auto, true].include?(full_mark)
+          raise InvalidArgument, "Memkit::OobGC: full_mark must be :auto or true (got #{full_mark.inspect})"
+        end
+
+        @profile = Profile.new(window: window, percentile: percentile)
+        klass = policy || Policy.detect
+        klass = Policy::SizePools if klass == Policy::NoFullMark && full_mark == true
+        @policy = klass.new(headroom: headroom)
+        @growth = HeapGrowth.new(max_bytes: max_heap_growth)
+        @regrow_after = regrow_after
+        @log = log
+        @cover = headroom + 1 # after a GC: the next request, and one more
+        @hook_headroom = headroom + 1
+        @grown_at = nil # profile request count when the heap was last grown
+        @full_mark_off = nil # pid where GC.config(rgengc_allow_full_mark: false) was set
+        OutOfBand.register(:oob_gc, order: 50) { OobGC.out_of_band }
+        Counters.update(policy: @policy.name)
+      end
+
+      # A unit of work starts. Returns the token to give #finished.
+      def started
+        Counters.enter
+        full_mark_off
+        stat = GC.stat
+        [stat[:count], allocated, stat[:malloc_increase_bytes]]
+      end
+
+      # The unit's result has gone out. Returns the GCs run now (0 if none,
+      # or if the server's out_of_band hook will run it).
+      def finished(token)
+        ran = 0
+        Counters.leave do
+          reading = learn(token)
+          valve(reading)
+          due = @policy.decide(reading, @profile)
+          if due
+            next if gave_up?(reading) && !(due == :major && @policy.is_a?(Policy::NoFullMark))
+
+            ran = run(due, reading)
+          elsif Counters.hooked? && @policy.decide(reading, @profile, headroom: @hook_headroom)
+            # Where Puma's out_of_band hook runs, a GC one request early goes
+            # there, while the worker accepts nothing; the hook does not run if
+            # the next request is already queued, and then the GC above runs
+            # after that request instead, still between requests.
+            Counters.defer(self)
+          end
+        end
+        ran
+      end
+
+      # Whether a major GC will run once this unit has finished (only the
+      # last unit in flight runs one). For the Rack middleware's
+      # "connection: close".
+      def major_next?(token)
+        Counters.alone? do
+          next false if @profile.empty?
+
+          reading = self.class.reading
+          @policy.decide(reading, @profile) == :major && !(@starved_at && capacity(reading) <= @starved_at)
+        end
+      end
+
+      # From Puma's out_of_band hook (via Counters.out_of_band), with no unit
+      # in flight: the heap as it is now decides. Returns the GCs run.
+      def out_of_band
+        reading = self.class.reading
+        @policy.observe(reading)
+        due = @policy.decide(reading, @profile, headroom: @hook_headroom)
+        due && !gave_up?(reading) ? run(due, reading) : 0
+      end
+
+      private
+
+      def allocated
+        if GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
+          (0...(GC::INTERNAL_CONSTANTS[:SIZE_POOL_COUNT] || GC.stat_heap.size)).map do |i|
+            GC.stat_heap(i, :total_allocated_objects)
+          end
+        else
+          [GC.stat(:total_allocated_objects)]
+        end
+      end
+
+      # A unit during which a GC ran says nothing about malloc growth (Ruby
+      # reset the counter), but its object allocation is still right.
+      def learn(token)
+        count, before, malloc = token
+        reading = self.class.reading
+        stat = reading.fetch(:stat)
+        @policy.observe(reading, allocated_before: before.sum)
+        fresh = allocated.zip(before).map { |now, was| now - was }
+        grown = stat[:count] == count ? [stat[:malloc_increase_bytes] - malloc, 0].max : nil
+        @profile.record(fresh, grown)
+        reading
+      end
+
+      # Returns how many GCs it ran.
+      def run(kind, reading)
+        runs = 1
+        collect(kind, reading)
+        after = self.class.reading
+        # A minor GC that leaves less than the minimum free share of the heap
+        # makes Ruby's next GC a major one: better now than in the next request.
+        if kind == :minor && @policy.major_next?(after)
+          collect(:major, after)
+          runs += 1
+          after = self.class.reading
+        end
+        size(after)
+        starve(self.class.reading)
+        runs
+      end
+
+      def collect(kind, reading)
+        @policy.collecting(reading)
+        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        GC.start(full_mark: kind == :major, immediate_sweep: !@policy.lazy_sweep?)
+        Counters.record(kind == :major, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
+        @policy.collected(kind, self.class.reading)
+      end
+
+      # After a GC: if the heap cannot hold the next requests, grow it
+      # (bounded by max_heap_growth), and record what the heap costs and
+      # what to set at boot for it.
+      def size(reading)
+        short = @policy.shortfall(reading, @profile, cover: @cover)
+        if short.any?(&:positive?) && @growth.budget.positive? &&
+           (@grown_at.nil? || @profile.size - @grown_at >= @regrow_after || @profile.size < @grown_at)
+          @grown_at = @profile.size
+          added = @growth.grow(short, @policy)
+          Counters.grew(added)
+          @policy.collected(:major, self.class.reading)
+        end
+        Counters.update(heap_slots: GC.stat(:heap_available_slots), heap_bytes: HeapGrowth.page_bytes,
+                        heap_grown_bytes: @growth.grown_bytes, boot_env: boot_env(self.class.reading),
+                        profile: @profile.to_h)
+      end
+
+      # A heap that even just collected cannot hold one request gains
+      # nothing from collecting early: the request will collect anyway. Set
+      # after an out-of-band GC; holds until the heap has grown.
+      def starve(reading)
+        if @policy.starved?(reading, @profile)
+          @starved_at = capacity(reading)
+          reason = if @growth.budget.zero?
+                     "one request allocates more than the heap holds free after a GC, and max_heap_growth is spent"
+                   else
+                     "one request allocates more than the heap holds free after a GC, and Ruby would not grow it"
+                   end
+          env = boot_env(reading).map { |k, v| "#{k}=#{v}" }.join(" ")
+          Counters.give_up("#{reason}#{"; set #{env} at boot" unless env.empty?}", @log)
+        else
+          @starved_at = nil
+          Counters.recovered
+        end
+      end
+
+      def gave_up?(reading)
+        return false unless @starved_at
+        return true if capacity(reading) <= @starved_at
+
+        @starved_at = nil
+        Counters.recovered
+        false
+      end
+
+      def capacity(reading)
+        stat = reading.fetch(:stat)
+        stat.fetch(:heap_available_slots) + stat.fetch(:heap_allocatable_slots, 0) +
+          (stat.fetch(:heap_allocatable_pages, 0) * GC::INTERNAL_CONSTANTS.fetch(:HEAP_PAGE_OBJ_LIMIT, 409))
+      end
+
+      # RUBY_GC_* values that would give the heap, from boot, the free slots
+      # to hold `cover` requests beside today's live objects.
+      def boot_env(reading)
+        return {} if @profile.empty?
+
+        env = {}
+        objects = @profile.objects
+        if (heaps = reading[:heaps])
+          heaps.each_with_index do |h, i|
+            live = h.fetch(:total_allocated_objects) - h.fetch(:total_freed_objects)
+            want = live + (objects.fetch(i, 0) * @cover).ceil
+            env["RUBY_GC_HEAP_#{i}_INIT_SLOTS"] = round_up(want) if objects.fetch(i, 0).positive?
+          end
+        else
+          live = reading.fetch(:stat).fetch(:heap_live_slots)
+          env["RUBY_GC_HEAP_INIT_SLOTS"] = round_up(live + (objects.fetch(0, 0) * @cover).ceil)
+        end
+        malloc = (@profile.malloc * @cover).ceil
+        env["RUBY_GC_MALLOC_LIMIT"] = round_up(malloc) if malloc > reading.fetch(:stat)[:malloc_increase_bytes_limit].to_i
+        env
+      end
+
+      def round_up(value, unit = 10_000) = ((value + unit - 1) / unit) * unit
+
+      # Ruby 3.4+: no major GC of Ruby's own while serving (GC.config is
+      # per process; set in each worker at its first unit of work).
+      def full_mark_off
+        return unless @policy.is_a?(Policy::NoFullMark) && @full_mark_off != Process.pid
+
+        @full_mark_off = Process.pid
+        GC.config(rgengc_allow_full_mark: false)
+      end
+
+      # The valve: a heap that grew past its bound gets Ruby's majors back.
+      def valve(reading)
+        return unless @policy.is_a?(Policy::NoFullMark) && @policy.valve?(reading)
+        return if GC.config[:rgengc_allow_full_mark]
+
+        GC.config(rgengc_allow_full_mark: true)
+        Counters.give_up("the heap grew past twice its size at the last major GC with no idle moment to " \
+                         "run one; Ruby's own major GCs are back on", @log)
+      end
+    end
+  end
+end

@@ -1,0 +1,136 @@
+# frozen_string_literal: true
+
+module Memkit
+  class OobGC
+    # Process-wide counters: GC is process-wide, so are the figures about it.
+    #
+    # oob_hook: how many of the out-of-band runs Puma's out_of_band hook made.
+    # watched: GC runs left to Ruby because OobGC had given up (see gave_up).
+    # grow_runs: times the heap was grown at run time; heap_grown_bytes: the
+    #   object pages that added (RSS), bounded by max_heap_growth.
+    # heap_slots: the heap's slots now; heap_bytes: its object pages.
+    # gave_up: why OobGC cannot keep GC out of requests, or nil.
+    # boot_env: RUBY_GC_* values that would give this worker's heap the size
+    #   OobGC wants from the start (Ruby reads them only at boot).
+    # policy: the GC model in use (OneHeap, SizePools, NoFullMark).
+    # profile: what one request allocates at the learned percentile.
+    Stats = Struct.new(:requests, :oob_minor, :oob_major, :inside_minor, :inside_major, :oob_seconds, :oob_hook,
+                       :watched, :grow_runs, :heap_grown_bytes, :heap_slots, :heap_bytes, :gave_up, :boot_env,
+                       :policy, :profile, keyword_init: true) do
+      def oob_total = oob_minor + oob_major
+      def inside_total = inside_minor + inside_major
+
+      # Share of all GC runs since the first request that happened outside requests.
+      def outside_ratio
+        total = oob_total + inside_total
+        total.zero? ? 1.0 : oob_total.fdiv(total)
+      end
+    end
+
+    # The process's request accounting: which GC runs happened with a
+    # request in flight, and which collector waits for Puma's hook.
+    module Counters
+      ZERO = { requests: 0, oob_minor: 0, oob_major: 0, inside_minor: 0, inside_major: 0, oob_seconds: 0.0,
+               oob_hook: 0, watched: 0, grow_runs: 0, heap_grown_bytes: 0, heap_slots: 0, heap_bytes: 0,
+               gave_up: nil, boot_env: {}, policy: nil, profile: nil }.freeze
+
+      @lock = Monitor.new
+      @stats = Stats.new(**ZERO)
+      @in_flight = 0
+      @mark = nil
+      @hook_pid = nil # the process where Puma's out_of_band hook has run
+      @pending = nil  # the collector that has a GC due, for that hook
+      @gave_up = false
+
+      class << self
+        attr_reader :lock
+
+        def stats = @lock.synchronize { @stats.dup.freeze }
+
+        def reset
+          @lock.synchronize do
+            %i[requests oob_minor oob_major inside_minor inside_major oob_seconds oob_hook watched grow_runs].each do |m|
+              @stats[m] = ZERO.fetch(m)
+            end
+          end
+        end
+
+        # A request starts. The GC counts are taken when the process goes
+        # from idle to busy, and again when it goes back: what happens in
+        # between ran inside requests.
+        def enter
+          @lock.synchronize do
+            @mark = [GC.stat(:minor_gc_count), GC.stat(:major_gc_count)] if @in_flight.zero?
+            @in_flight += 1
+          end
+        end
+
+        # A request has been answered. Yields (under the lock, so no request
+        # can be counted as starting meanwhile) when the process has become idle.
+        def leave
+          @lock.synchronize do
+            @in_flight -= 1
+            @stats.requests += 1
+            next unless @in_flight.zero?
+
+            if @mark
+              minor = GC.stat(:minor_gc_count) - @mark[0]
+              major = GC.stat(:major_gc_count) - @mark[1]
+              @stats.inside_minor += minor
+              @stats.inside_major += major
+              @stats.watched += minor + major if @stats.gave_up
+            end
+            yield if block_given?
+          end
+        end
+
+        def alone? = @lock.synchronize { @in_flight == 1 && yield }
+        def idle? = @in_flight.zero?
+
+        # Puma's out_of_band hook: runs the GC a collector found due.
+        def out_of_band
+          @lock.synchronize do
+            @hook_pid = Process.pid
+            pending = @pending
+            @pending = nil
+            @stats.oob_hook += pending.out_of_band if pending && @in_flight.zero?
+          end
+        end
+
+        # Under the lock: leave the GC to the server's hook if it has run in
+        # this process. Returns whether it was left.
+        def defer(collector)
+          return false unless hooked?
+
+          @pending = collector
+          true
+        end
+
+        def hooked? = @hook_pid == Process.pid
+
+        def record(major, seconds)
+          major ? @stats.oob_major += 1 : @stats.oob_minor += 1
+          @stats.oob_seconds += seconds
+        end
+
+        def grew(bytes)
+          @stats.grow_runs += 1
+          @stats.heap_grown_bytes += bytes
+        end
+
+        def update(**fields) = @lock.synchronize { fields.each { |k, v| @stats[k] = v } }
+
+        # Says why OobGC cannot keep GC out of requests: once per process in
+        # the log, and in stats for as long as it holds.
+        def give_up(reason, log)
+          first = @stats.gave_up.nil? && !@gave_up
+          @stats.gave_up = reason
+          @gave_up = true
+          log&.call("memkit: OobGC in worker #{Process.pid} cannot keep GC out of requests: #{reason}") if first
+        end
+
+        def recovered = (@stats.gave_up = nil)
+      end
+    end
+  end
+end

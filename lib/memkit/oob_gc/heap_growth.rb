@@ -1,0 +1,126 @@
+# frozen_string_literal: true
+
+module Memkit
+  class OobGC
+    # Grows Ruby's object heap at run time, where Ruby offers knobs for its
+    # size only at boot (RUBY_GC_HEAP_*INIT_SLOTS).
+    #
+    # Ruby grows a heap at the end of a GC that leaves less than 20% of it
+    # free (gc_marks_finish on 3.1; the sweep's end on 3.3+, which also wants
+    # the GC to have freed more slots than it found in empty pages). So this
+    # fills the pool nearly to the top with objects it holds, and a seventh
+    # it drops, spread among them, and runs a major GC: Ruby sees a heap about
+    # 85% live with garbage in it and grows it by its growth factor (1.8).
+    # It repeats until the pool has the slots wanted (or stops growing),
+    # then drops the fillers and collects them.
+    #
+    # What Ruby does next (verified with bench/oobgc_grow_probe.rb on 3.1,
+    # 3.3 and 3.4): a later GC that finds more than 65% of the heap free
+    # (GC_HEAP_FREE_SLOTS_MAX_RATIO) gives empty pages back, down to that
+    # share, but never below RUBY_GC_HEAP_INIT_SLOTS. So a heap grown to more
+    # than ~2.9 times its live objects shrinks again; the collector grows it
+    # again only after `regrow_after` requests, and boot_env tells the user
+    # the INIT_SLOTS that keeps it.
+    class HeapGrowth
+      TOP = 0.99
+      ROUNDS = 6
+
+      attr_reader :grown_bytes
+
+      def initialize(max_bytes:)
+        @max_bytes = max_bytes
+        @grown_bytes = 0
+        @pools = GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
+      end
+
+      def budget = [@max_bytes - @grown_bytes, 0].max
+
+      # want: slots to add per pool. Yields a fresh reading whenever it needs
+      # one (the collector's). Returns the bytes of object pages added (0 if
+      # Ruby would not grow, or the budget is spent).
+      def grow(want, policy)
+        before = page_bytes
+        held = []
+        want.each_with_index do |slots, i|
+          next unless slots.positive?
+
+          slots = [slots, budget / slot_size(i)].min
+          next unless slots.positive?
+
+          goal = capacity(policy, i) + slots
+          ROUNDS.times do
+            now = capacity(policy, i)
+            break if now >= goal
+
+            fill(i, now, held)
+            GC.start(full_mark: true, immediate_sweep: true)
+            break if capacity(policy, i) <= now # Ruby did not grow it
+          end
+        end
+        held.clear
+        GC.start(full_mark: true, immediate_sweep: true)
+        added = [page_bytes - before, 0].max
+        @grown_bytes += added
+        added
+      end
+
+      # Bytes of the object pages the heap holds now (what it costs in RSS).
+      def self.page_bytes
+        stat = GC.stat
+        page = GC::INTERNAL_CONSTANTS.fetch(:HEAP_PAGE_SIZE) do
+          GC::INTERNAL_CONSTANTS.fetch(:HEAP_PAGE_OBJ_LIMIT, 409) * GC::INTERNAL_CONSTANTS.fetch(:RVALUE_SIZE, 40)
+        end
+        stat.fetch(:heap_eden_pages) * page
+      end
+
+      private
+
+      def page_bytes = self.class.page_bytes
+
+      def pools? = @pools
+
+      def slot_size(index)
+        pools? ? GC.stat_heap(index, :slot_size) : GC::INTERNAL_CONSTANTS.fetch(:RVALUE_SIZE, 40)
+      end
+
+      def live(index)
+        if pools?
+          h = GC.stat_heap(index)
+          h[:total_allocated_objects] - h[:total_freed_objects]
+        else
+          GC.stat(:heap_live_slots)
+        end
+      end
+
+      def capacity(policy, index)
+        policy.free(Collector.reading)[index] + live(index)
+      end
+
+      # Allocates objects until the pool is TOP full, holding them but one in
+      # seven: the pool ends about 85% full of live objects, with the dead
+      # ones spread over the same pages. Ruby 3.4 grows a pool only if its
+      # sweep freed more slots than it found in wholly empty pages, so the
+      # garbage must not fill pages of its own. Nothing else may allocate
+      # here (a GC.stat Hash per object would fill another pool).
+      def fill(index, capacity, held)
+        length = pools? ? [(slot_size(index) - 16) / 8, 0].max : nil
+        count = (capacity * TOP).to_i - live(index)
+        return unless count.positive?
+
+        batch = []
+        count.times do |i|
+          object = filler(length)
+          batch << object unless (i % 7).zero?
+        end
+        held << batch
+        nil
+      end
+
+      # An object that lands in the pool: an Array embeds its elements in its
+      # own slot, 16 bytes of header and 8 per element (checked on 3.3 and 3.4).
+      def filler(length)
+        length ? Array.new(length) : Object.new
+      end
+    end
+  end
+end

@@ -1,0 +1,103 @@
+# frozen_string_literal: true
+
+module Memkit
+  class OobGC
+    class Policy
+      # One object heap (Ruby 3.1). The out-of-band GC leaves the sweep to the
+      # next allocations, as Ruby does: only the mark must run in one piece,
+      # and sweeping lazily spreads the rest over the next requests. While a
+      # sweep is under way heap_free_slots counts only the pages swept so far,
+      # and Ruby starts no GC before the sweep has reached the last page; what
+      # will be free then is what the mark left unmarked, less what has been
+      # allocated since.
+      class OneHeap < Policy
+        # Ruby's RVALUE_OLD_AGE: within this many GCs of a major, a minor GC
+        # that leaves the heap short grows it instead of asking for a major.
+        OLD_AGE = 3
+
+        def initialize(page_slots: GC::INTERNAL_CONSTANTS.fetch(:HEAP_PAGE_OBJ_LIMIT, 409), **options)
+          super(**options)
+          @page_slots = page_slots
+          @seen = nil      # [count, total_allocated_objects, major_gc_count] at the last reading
+          @marked_at = nil # total_allocated_objects when the latest mark ended (or before), once seen
+          @major_at = nil  # GC count at the latest major seen
+          @survived = nil  # young objects the latest out-of-band minor kept
+        end
+
+        def lazy_sweep? = true
+
+        # A GC has run since the last look if the count moved; its mark ended
+        # after the allocations counted then (the figure errs towards less
+        # free), and if it was a major, at about the count seen now.
+        def observe(reading, allocated_before: nil)
+          stat = reading.fetch(:stat)
+          count = stat.fetch(:count)
+          if @seen && count != @seen[0]
+            @marked_at = allocated_before && allocated_before > @seen[1] ? allocated_before : @seen[1]
+            @major_at = count if stat.fetch(:major_gc_count) != @seen[2]
+          end
+          @seen = [count, stat.fetch(:total_allocated_objects), stat.fetch(:major_gc_count)]
+        end
+
+        def collected(kind, reading)
+          stat = reading.fetch(:stat)
+          @survived = stat.fetch(:heap_marked_slots) - @old_before.to_i if kind == :minor && @old_before
+          @marked_at = stat.fetch(:total_allocated_objects)
+          @major_at = stat.fetch(:count) if kind == :major
+          @seen = [stat.fetch(:count), @marked_at, stat.fetch(:major_gc_count)]
+        end
+
+        # The collector tells the policy the old objects before it collects:
+        # a minor keeps them all, and about as many young ones as the last
+        # minor kept.
+        def collecting(reading)
+          @old_before = reading.fetch(:stat).fetch(:old_objects)
+        end
+
+        def free(reading)
+          stat = reading.fetch(:stat)
+          free = if @marked_at && reading.fetch(:info)[:state] == :sweeping
+                   eden_slots(stat) - stat.fetch(:heap_marked_slots) - (stat.fetch(:total_allocated_objects) - @marked_at)
+                 else
+                   stat.fetch(:heap_free_slots)
+                 end
+          [free + allocatable_slots(stat)]
+        end
+
+        # Ruby 3.1 says nothing about the next GC being major; its own test at
+        # the end of the mark (gc_marks_finish), applied here: the slots the
+        # sweep will leave free against the heap with the pages it may add.
+        def major_next?(reading)
+          return true if super
+
+          stat = reading.fetch(:stat)
+          !grows_instead?(stat.fetch(:count)) && fills?(stat, stat.fetch(:heap_marked_slots))
+        end
+
+        # If a minor would leave less than Ruby's free minimum, the major
+        # would follow it at once, and the minor is only work added to the
+        # same pause.
+        def minor_would_fill?(reading)
+          return false unless @survived
+
+          stat = reading.fetch(:stat)
+          !grows_instead?(stat.fetch(:count) + 1) && fills?(stat, stat.fetch(:old_objects) + @survived)
+        end
+
+        private
+
+        def fills?(stat, marked)
+          total = eden_slots(stat) + allocatable_slots(stat)
+          total - marked < total * @min_free_ratio
+        end
+
+        def grows_instead?(count)
+          @major_at && count - @major_at < OLD_AGE
+        end
+
+        def eden_slots(stat) = stat.fetch(:heap_eden_pages) * @page_slots
+        def allocatable_slots(stat) = stat.fetch(:heap_allocatable_pages, 0) * @page_slots
+      end
+    end
+  end
+end

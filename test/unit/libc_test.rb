@@ -1,0 +1,95 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "memkit/libc"
+
+class LibcTest < Minitest::Test
+  Libc = Memkit::Libc
+  LIB = File.expand_path("../../lib", __dir__)
+
+  def glibc?
+    File.read("/proc/self/maps").match?(%r{/libc[.-]}) && !File.read("/proc/self/maps").include?("musl")
+  end
+
+  def test_predicates_agree_with_the_calls
+    assert_equal Libc.malloc_trim?, !Libc.malloc_trim.nil?
+    assert_equal Libc.mallinfo2?, !Libc.mallinfo2.nil?
+    assert_equal Libc.jemalloc?, !Libc.jemalloc_allocated.nil?
+  end
+
+  def test_glibc_on_x86_64_has_both
+    cpu = RbConfig::CONFIG["host_cpu"]
+    skip "needs glibc on x86-64 (this is #{cpu})" unless glibc? && cpu == "x86_64"
+
+    assert Libc.malloc_trim?
+    assert Libc.mallinfo2?
+  end
+
+  def test_mallinfo2_sees_a_large_malloc_in_use_and_freed
+    skip "no mallinfo2 here (glibc 2.33+ on x86-64)" unless Libc.mallinfo2?
+
+    GC.start
+    before = Libc.mallinfo2.in_use
+    # A 64 MiB String is one malloc (mmap'd by glibc above its threshold).
+    big = "x" * (64 << 20)
+    during = Libc.mallinfo2.in_use
+    assert_operator during - before, :>=, 64 << 20
+    big = nil
+    GC.start
+    assert_operator Libc.mallinfo2.in_use, :<, during - (32 << 20), "freed 64 MiB should leave malloc's in-use count"
+    assert_nil big
+  end
+
+  def test_mallinfo2_fields_are_the_structs_fields
+    skip "no mallinfo2 here (glibc 2.33+ on x86-64)" unless Libc.mallinfo2?
+
+    fields = Libc.mallinfo2_fields
+    assert_equal 10, fields.size
+    assert(fields.all? { |f| f.is_a?(Integer) && f >= 0 })
+    assert_equal Libc::Mallinfo2.members.size, fields.size
+  end
+
+  def test_malloc_trim_returns_a_boolean_where_available
+    skip "no malloc_trim here (musl, macOS)" unless Libc.malloc_trim?
+
+    assert_includes [true, false], Libc.malloc_trim
+  end
+
+  def test_malloc_address_and_program_break_are_integers
+    skip "needs glibc" unless glibc?
+
+    address = Libc.malloc_address(16)
+    assert_kind_of Integer, address
+    refute_equal 0, address
+    assert_operator Libc.program_break, :>, 0
+  end
+
+  def test_without_fiddle_everything_is_unavailable_not_an_error
+    script = <<~'RUBY'
+      module Kernel
+        alias_method :memkit_require, :require
+        def require(name)
+          raise LoadError, "cannot load such file -- fiddle" if name == "fiddle"
+
+          memkit_require(name)
+        end
+      end
+      require "memkit/libc"
+      l = Memkit::Libc
+      p [l.malloc_trim?, l.malloc_trim, l.mallinfo2?, l.mallinfo2, l.jemalloc?, l.program_break]
+    RUBY
+    out, err, status = Open3.capture3(RbConfig.ruby, "-I", LIB, "-e", script)
+    assert status.success?, err
+    assert_equal "[false, nil, false, nil, false, nil]\n", out
+  end
+
+  def test_jemalloc_is_seen_when_preloaded
+    lib = Dir["/usr/lib/*/libjemalloc.so.2"].first
+    skip "needs libjemalloc2 (apt-get install libjemalloc2)" unless lib
+
+    out, err, status = Open3.capture3({ "LD_PRELOAD" => lib }, RbConfig.ruby, "-I", LIB, "-rmemkit/libc",
+                                      "-e", "p Memkit::Libc.jemalloc_allocated.class")
+    assert status.success?, err
+    assert_equal "Integer\n", out
+  end
+end

@@ -1,0 +1,223 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "memkit/oob_gc"
+
+# The policies decide from readings alone, so these feed made-up GC.stat
+# hashes and request profiles: no GC runs here.
+class OobGCPolicyTest < Minitest::Test
+  Policy = Memkit::OobGC::Policy
+  Profile = Memkit::OobGC::Profile
+  PAGE = 409 # slots per page on Ruby 3.1
+
+  # One heap (3.1): free/eden/allocatable in slots, the rest as GC.stat names them.
+  def one_heap(free:, eden: 400_000, allocatable: 0, count: 10, majors: 2, allocated: 1_000_000, marked: nil,
+               old: 50_000, old_limit: 200_000, malloc: 0, malloc_limit: 16 << 20, oldmalloc: 0,
+               oldmalloc_limit: 16 << 20, state: :none, need_major_by: nil, **extra)
+    stat = { count: count, major_gc_count: majors, minor_gc_count: count - majors, heap_free_slots: free,
+             heap_eden_pages: eden / PAGE, heap_allocatable_pages: allocatable / PAGE,
+             heap_available_slots: eden, heap_live_slots: eden - free,
+             heap_marked_slots: marked || (eden - free), total_allocated_objects: allocated, old_objects: old,
+             old_objects_limit: old_limit, malloc_increase_bytes: malloc, malloc_increase_bytes_limit: malloc_limit,
+             oldmalloc_increase_bytes: oldmalloc, oldmalloc_increase_bytes_limit: oldmalloc_limit,
+             remembered_wb_unprotected_objects: 0, remembered_wb_unprotected_objects_limit: 1_000 }.merge(extra)
+    { stat: stat, heaps: nil, info: { state: state, need_major_by: need_major_by } }
+  end
+
+  # Size pools (3.2+): pools is [[eden slots, live, allocatable pages], ...].
+  def pooled(pools, need_major_by: nil, shared_allocatable: nil, available: nil, **stat)
+    heaps = pools.each_with_index.map do |(slots, live, allocatable), i|
+      { slot_size: 40 << i, heap_eden_slots: slots, heap_eden_pages: [slots / (1638 >> i), 1].max,
+        total_allocated_objects: 1_000_000 + live, total_freed_objects: 1_000_000, heap_allocatable_pages: allocatable.to_i }
+    end
+    base = { count: 10, major_gc_count: 2, old_objects: 10_000, old_objects_limit: 100_000,
+             malloc_increase_bytes: 0, malloc_increase_bytes_limit: 16 << 20, oldmalloc_increase_bytes: 0,
+             oldmalloc_increase_bytes_limit: 16 << 20, heap_available_slots: available || pools.sum(&:first) }
+    base[:heap_allocatable_slots] = shared_allocatable if shared_allocatable
+    { stat: base.merge(stat), heaps: heaps, info: { need_major_by: need_major_by } }
+  end
+
+  def profile(objects, malloc: 0, requests: 20)
+    p = Profile.new
+    requests.times { p.record(Array(objects), malloc) }
+    p
+  end
+
+  def test_nothing_is_due_before_a_request_has_been_seen
+    assert_nil Policy::OneHeap.new(page_slots: PAGE).decide(one_heap(free: 0), Profile.new)
+  end
+
+  def test_one_heap_collects_when_the_next_request_would_not_fit
+    policy = Policy::OneHeap.new(page_slots: PAGE, headroom: 1.1)
+    req = profile(50_000)
+    assert_nil policy.decide(one_heap(free: 56_000), req)
+    assert_equal :minor, policy.decide(one_heap(free: 54_000), req)
+    # Pages Ruby may still add without collecting count as free.
+    assert_nil policy.decide(one_heap(free: 10_000, allocatable: 120 * PAGE), req)
+  end
+
+  def test_malloc_growth_near_its_limit_is_due
+    policy = Policy::OneHeap.new(page_slots: PAGE)
+    req = profile(1_000, malloc: 4 << 20)
+    assert_nil policy.decide(one_heap(free: 300_000, malloc: 8 << 20), req)
+    assert_equal :minor, policy.decide(one_heap(free: 300_000, malloc: 12 << 20), req)
+  end
+
+  def test_major_when_ruby_has_one_pending
+    policy = Policy::OneHeap.new(page_slots: PAGE)
+    req = profile(50_000)
+    assert_equal :major, policy.decide(one_heap(free: 1_000, old: 200_000, old_limit: 200_000), req)
+    assert_equal :major, policy.decide(one_heap(free: 1_000, need_major_by: :nofree), req)
+    # Oldmalloc only once the limit is crossed: Ruby shrinks the limit otherwise.
+    assert_equal :minor, policy.decide(one_heap(free: 1_000, oldmalloc: 16 << 20), req)
+    assert_equal :major, policy.decide(one_heap(free: 1_000, oldmalloc: (16 << 20) + 1), req)
+    # Nothing is run for a pending major while the next request still fits.
+    assert_nil policy.decide(one_heap(free: 300_000, old: 200_000, old_limit: 200_000), req)
+  end
+
+  # During a lazy sweep heap_free_slots counts only the swept pages; the
+  # mark says what the sweep will free.
+  def test_lazy_sweep_reads_free_slots_from_the_mark
+    policy = Policy::OneHeap.new(page_slots: PAGE)
+    after_gc = one_heap(free: 5_000, marked: 150_000, allocated: 2_000_000, state: :sweeping, count: 11)
+    policy.collected(:minor, after_gc)
+    eden = (400_000 / PAGE) * PAGE
+    assert_equal [eden - 150_000], policy.free(after_gc)
+    later = one_heap(free: 5_000, marked: 150_000, allocated: 2_100_000, state: :sweeping, count: 11)
+    assert_equal [eden - 150_000 - 100_000], policy.free(later)
+    assert_equal [5_000], policy.free(one_heap(free: 5_000, count: 11)), "sweep over: the count is right"
+  end
+
+  # A minor that would leave the heap short of Ruby's free minimum would be
+  # followed at once by a major: the policy runs the major alone.
+  def test_one_heap_runs_the_major_alone_where_a_minor_would_fill_the_heap
+    policy = Policy::OneHeap.new(page_slots: PAGE)
+    req = profile(40_000)
+    policy.collecting(one_heap(free: 0, old: 100_000, count: 20, majors: 2))
+    policy.collected(:minor, one_heap(free: 200_000, marked: 130_000, old: 100_000, count: 21, majors: 2))
+    # 100k old + 30k survivors of 400k: plenty left free.
+    assert_equal :minor, policy.decide(one_heap(free: 30_000, old: 100_000, count: 21, majors: 2), req)
+    # 300k old + 30k survivors: less than 20% free.
+    assert_equal :major, policy.decide(one_heap(free: 30_000, old: 300_000, count: 21, majors: 2), req)
+  end
+
+  def test_one_heap_major_next_unless_ruby_would_grow_the_heap_instead
+    policy = Policy::OneHeap.new(page_slots: PAGE)
+    policy.collected(:major, one_heap(free: 100_000, count: 20, majors: 3))
+    full = ->(count) { one_heap(free: 10_000, marked: 390_000, count: count, majors: 3) }
+    refute policy.major_next?(full.call(21)), "within 3 GCs of a major Ruby grows the heap"
+    assert policy.major_next?(full.call(24))
+    refute policy.major_next?(one_heap(free: 200_000, marked: 200_000, count: 24, majors: 3))
+  end
+
+  def test_size_pools_any_pool_running_dry_is_due
+    policy = Policy::SizePools.new(headroom: 1.0)
+    req = profile([10_000, 5_000, 1_000])
+    assert_nil policy.decide(pooled([[100_000, 50_000], [50_000, 40_000], [20_000, 10_000]]), req)
+    assert_equal :minor, policy.decide(pooled([[100_000, 50_000], [50_000, 46_000], [20_000, 10_000]]), req)
+    # Allocatable pages of the short pool count (3.3).
+    assert_nil policy.decide(pooled([[100_000, 50_000], [50_000, 46_000, 10], [20_000, 10_000]]), req)
+    # 3.4: one shared count of allocatable base-size slots; pool 1 slots are 80 bytes.
+    assert_nil policy.decide(pooled([[100_000, 50_000], [50_000, 46_000], [20_000, 10_000]], shared_allocatable: 4_000), req)
+    assert_equal :minor,
+                 policy.decide(pooled([[100_000, 50_000], [50_000, 46_000], [20_000, 10_000]], shared_allocatable: 1_000), req)
+  end
+
+  def test_no_full_mark_runs_the_major_as_soon_as_ruby_wants_one
+    policy = Policy::NoFullMark.new
+    req = profile([1_000, 1_000])
+    roomy = pooled([[500_000, 100_000], [100_000, 10_000]])
+    assert_nil policy.decide(roomy, req)
+    assert_equal :major, policy.decide(pooled([[500_000, 100_000], [100_000, 10_000]], need_major_by: :oldgen), req)
+    assert_equal :major, policy.decide(pooled([[500_000, 100_000], [100_000, 10_000]], old_objects: 100_000), req)
+  end
+
+  def test_no_full_mark_valve_past_twice_the_heap_at_the_last_major
+    policy = Policy::NoFullMark.new(valve_ratio: 2.0)
+    policy.collected(:major, pooled([[100_000, 50_000]], available: 100_000))
+    refute policy.valve?(pooled([[200_000, 150_000]], available: 200_000))
+    assert policy.valve?(pooled([[200_001, 150_000]], available: 200_001))
+    policy.collected(:major, pooled([[200_001, 150_000]], available: 200_001))
+    refute policy.valve?(pooled([[200_001, 150_000]], available: 200_001)), "a major resets the bound"
+  end
+
+  # The issue's case: a fresh worker whose heap is smaller than what one
+  # request allocates (158k slots, ~120k per request). Just after a GC the
+  # heap cannot hold the next request: collecting early gains nothing, and
+  # the policy says how much the heap must grow to hold the next ones.
+  def test_high_allocation_fresh_worker_is_starved_and_told_how_much_to_grow
+    policy = Policy::OneHeap.new(page_slots: PAGE, headroom: 1.1)
+    req = profile(120_000)
+    after_gc = one_heap(eden: 158_000, free: 98_000, marked: 60_000)
+    assert policy.starved?(after_gc, req)
+    assert_equal :minor, policy.decide(after_gc, req)
+    short = policy.shortfall(after_gc, req, cover: 2.1)
+    assert_equal 1, short.size
+    assert_in_delta (120_000 * 2.1) - policy.free(after_gc)[0], short[0], 1
+    # Once the heap has grown by that much, the next request fits and
+    # nothing is due until it has run.
+    grown = one_heap(eden: 158_000 + short[0] + PAGE, free: 98_000 + short[0] + PAGE, marked: 60_000)
+    refute policy.starved?(grown, req)
+    assert_nil policy.decide(grown, req)
+    assert_equal [0], policy.shortfall(grown, req, cover: 2.1)
+  end
+
+  def test_detect_picks_one_policy_per_gc_model
+    one = Module.new { def self.respond_to?(name, *) = name == :stat }
+    assert_equal Policy::OneHeap, Policy.detect(one)
+    pools = Module.new do
+      def self.respond_to?(name, *) = %i[stat stat_heap].include?(name)
+      def self.stat_heap(_) = { total_allocated_objects: 1 }
+    end
+    assert_equal Policy::SizePools, Policy.detect(pools)
+    configurable = Module.new do
+      def self.respond_to?(name, *) = %i[stat stat_heap config].include?(name)
+      def self.stat_heap(_) = { total_allocated_objects: 1 }
+      def self.config = { rgengc_allow_full_mark: true }
+    end
+    assert_equal Policy::NoFullMark, Policy.detect(configurable)
+  end
+
+  # A simulated worker, request by request, against Ruby alone on the same
+  # heap: OobGC must keep GC out of requests without collecting more than
+  # 1.1x as often. Requests vary (a few large ones among many).
+  def test_collects_no_more_than_ruby_alone_would_at_the_same_heap_size
+    rng = Random.new(42)
+    sizes = Array.new(2_000) { (rng.rand < 0.05 ? 90_000 : 40_000) + rng.rand(10_000) }
+    capacity = 800_000
+    live = 100_000
+    ruby = simulate(sizes, capacity, live, nil)
+    policy = Policy::OneHeap.new(page_slots: PAGE, headroom: 1.1)
+    ours = simulate(sizes, capacity, live, policy)
+    assert_operator ruby[:inside], :>=, 100, ruby
+    assert_operator ours[:inside], :<=, (ours[:inside] + ours[:outside]) * 0.1, ours
+    assert_operator ours[:inside] + ours[:outside], :<=, ruby[:inside] * 1.1, "ours #{ours}, Ruby #{ruby}"
+  end
+
+  private
+
+  # Free slots run down by each request; a GC (Ruby's, mid-request, or the
+  # policy's, between requests) frees all but the live set.
+  def simulate(sizes, capacity, live, policy)
+    req = Profile.new
+    free = capacity - live
+    counts = { inside: 0, outside: 0 }
+    sizes.each do |size|
+      if size > free
+        counts[:inside] += 1
+        free = capacity - live - (size - free)
+      else
+        free -= size
+      end
+      next unless policy
+
+      req.record([size], 0)
+      reading = one_heap(eden: capacity, free: free, old: live, old_limit: live * 2)
+      next unless policy.decide(reading, req)
+
+      counts[:outside] += 1
+      free = capacity - live
+    end
+    counts
+  end
+end

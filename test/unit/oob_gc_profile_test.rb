@@ -1,0 +1,41 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "memkit/oob_gc"
+
+class OobGCProfileTest < Minitest::Test
+  Profile = Memkit::OobGC::Profile
+
+  def test_a_high_percentile_not_the_mean_nor_the_max
+    profile = Profile.new(window: 100, percentile: 0.95)
+    (1..100).to_a.shuffle(random: Random.new(1)).each { |n| profile.record([n * 1_000, n], n * 10) }
+    assert_equal [95_000, 95], profile.objects
+    assert_equal 950, profile.malloc
+    # One huge request moves the percentile by one step, not to itself.
+    profile.record([10_000_000, 0], 0)
+    assert_operator profile.objects[0], :<=, 96_000
+  end
+
+  def test_forgets_requests_older_than_the_window
+    profile = Profile.new(window: 10)
+    10.times { profile.record([100_000], 0) }
+    10.times { profile.record([1_000], 0) }
+    assert_equal [1_000], profile.objects
+    assert_equal 10, profile.size
+  end
+
+  # A request during which Ruby collected says nothing of malloc growth.
+  def test_malloc_skips_requests_without_a_reading
+    profile = Profile.new
+    profile.record([1], nil)
+    assert_equal 0, profile.malloc
+    profile.record([1], 4096)
+    assert_equal 4096, profile.malloc
+  end
+
+  def test_options
+    assert_raises(Memkit::InvalidArgument) { Profile.new(window: 0) }
+    assert_raises(Memkit::InvalidArgument) { Profile.new(percentile: 0) }
+    assert_raises(Memkit::InvalidArgument) { Profile.new(percentile: 1.5) }
+  end
+end
