@@ -49,7 +49,7 @@ class SoakTest < Minitest::Test
 
   def test_progress_bar_with_eta_only_on_a_terminal
     output = +""
-    PTY.spawn(RbConfig.ruby, EXE, "soak", fixture("churn.ru"), "--requests", "400", "--sample-every", "5",
+    PTY.spawn(RbConfig.ruby, EXE, "soak", fixture("churn.ru"), "--requests", "1500", "--sample-every", "25",
               "--no-attribute", "--fail-on-leak") do |r, _w, pid|
       begin
         r.each_char { |c| output << c }
@@ -59,7 +59,7 @@ class SoakTest < Minitest::Test
       Process.wait(pid)
       assert_equal 0, $?.exitstatus, "a plateau passes --fail-on-leak"
     end
-    assert_match(%r{\[#*\.*\]\s+\d+% \d+/400 .*ETA \d+:\d\d}, output)
+    assert_match(%r{\[#*\.*\]\s+\d+% \d+/1500 .*ETA \d+:\d\d}, output)
     assert_match(/verdict: plateau/, output)
   end
 

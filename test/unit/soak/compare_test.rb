@@ -11,7 +11,7 @@ class SoakCompareTest < Minitest::Test
   def test_runs_the_soak_in_a_child_under_the_environment
     spec = Compare.parse("arena1:MALLOC_ARENA_MAX=1 MEMKIT_COMPARE_PROBE=yes")
     assert_equal({ "MALLOC_ARENA_MAX" => "1", "MEMKIT_COMPARE_PROBE" => "yes" }, spec.env)
-    result = Compare.run(spec, HELLO, requests: 300, sample_every: 30, attribute: false)
+    result = Compare.run(spec, HELLO, requests: 1_500, sample_every: 150, attribute: false)
     assert_equal "arena1", result.label
     assert_equal 11, result.samples.size
     refute_equal Process.pid, result.pid, "ran in another process"
