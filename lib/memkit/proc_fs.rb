@@ -100,7 +100,9 @@ module Memkit
 
     # All pids currently in /proc, as Integers.
     def pids(root: "/proc")
-      raise Unsupported, "#{root} is not a Linux procfs: memkit reads /proc/PID files (Linux only)" unless File.exist?("#{root}/self/stat")
+      unless File.exist?("#{root}/self/stat")
+        raise Unsupported, "#{root} is not a Linux procfs: memkit reads /proc/PID files (Linux only)"
+      end
 
       Dir.children(root).filter_map { |name| name.to_i if name.match?(/\A\d+\z/) }
     rescue SystemCallError => e

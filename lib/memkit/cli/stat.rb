@@ -12,7 +12,8 @@ module Memkit
         return print_json({ pid: pid, **memory.to_h, kernel_thread: kernel }) if options[:json]
 
         rows = memory.to_h.map { |field, bytes| [field, human(bytes), bytes] }
-        title = kernel ? "pid #{pid} #{CLI.printable(Memkit::Tree.command(pid))}: a kernel thread, no user memory" : "pid #{pid}"
+        title = "pid #{pid}"
+        title += " #{CLI.printable(Memkit::Tree.command(pid))}: a kernel thread, no user memory" if kernel
         out.puts title, CLI.table(%w[field size bytes], rows, left: [0])
       end
     end

@@ -45,7 +45,8 @@ module Memkit
           notes << "kernel threads have no user memory (all figures 0): #{who}#{more}."
         end
         notes += tree.skipped.map { |pid, why| "skipped pid #{pid}: #{why}" }
-        [CLI.table(%w[pid ppid command rss pss uss shared private_dirty swap shared%], rows, left: [2]), *notes].join("\n")
+        headers = %w[pid ppid command rss pss uss shared private_dirty swap shared%]
+        [CLI.table(headers, rows, left: [2]), *notes].join("\n")
       end
     end
   end

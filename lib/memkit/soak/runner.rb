@@ -31,12 +31,13 @@ module Memkit
         @target = target.to_s
         @url = Soak.url?(@target)
         @requests = positive!(requests, "requests")
-        @sample_every = sample_every.nil? ? [@requests / DEFAULT_SAMPLES, 1].max : positive!(sample_every, "sample_every")
+        @sample_every =
+          sample_every.nil? ? [@requests / DEFAULT_SAMPLES, 1].max : positive!(sample_every, "sample_every")
         if @sample_every > @requests
           raise InvalidArgument, "sample_every: #{@sample_every} is more than requests: #{@requests}"
         end
 
-        @warmup = warmup.nil? ? @requests / 5 : Integer(warmup)
+        @warmup = warmup.nil? ? @requests / 5 : number(:Integer, warmup, "warmup")
         unless (0...@requests).cover?(@warmup)
           raise InvalidArgument, "warmup: must be 0 or more and less than requests: #{@requests}, got #{@warmup}"
         end
@@ -44,11 +45,13 @@ module Memkit
         @concurrency = positive!(concurrency, "concurrency")
         raise InvalidArgument, "concurrency: #{@concurrency} is more than 256" if @concurrency > 256
 
-        @min_leak = Float(min_leak)
+        @min_leak = number(:Float, min_leak, "min_leak")
         raise InvalidArgument, "min_leak: must be 0 or more, got #{min_leak}" if @min_leak.negative?
 
-        @gc_budget = Float(gc_budget)
-        raise InvalidArgument, "gc_budget: must be between 0 and 1, got #{gc_budget}" unless (0.0..1.0).cover?(@gc_budget)
+        @gc_budget = number(:Float, gc_budget, "gc_budget")
+        unless (0.0..1.0).cover?(@gc_budget)
+          raise InvalidArgument, "gc_budget: must be between 0 and 1, got #{gc_budget}"
+        end
 
         @attribute = attribute && !@url
         @progress = progress
@@ -129,6 +132,12 @@ module Memkit
       end
 
       def attribution_window = (@requests / 10).clamp([@sample_every, 100].min, 2_000)
+
+      def number(kind, value, name)
+        Kernel.public_send(kind, value)
+      rescue ArgumentError, TypeError
+        raise InvalidArgument, "#{name}: not a number: #{value.inspect}"
+      end
 
       def positive!(value, name)
         n = Integer(value)
