@@ -75,8 +75,9 @@ module Memkit
         end
       end
 
-      def bytes_per_request = @verdict.full&.slope&.round(1)
-      def confidence = @verdict.full && [@verdict.full.low.round(1), @verdict.full.high.round(1)]
+      def bytes_per_request = @verdict.full && (@verdict.full.slope.round(1) + 0.0)
+      # + 0.0 turns a rounded -0.0 into 0.0.
+      def confidence = @verdict.full && [@verdict.full.low.round(1) + 0.0, @verdict.full.high.round(1) + 0.0]
       def requests_per_second = (@requests / @seconds).round
 
       def to_h
