@@ -137,7 +137,7 @@ class CLITest < Minitest::Test
   end
 
   # kthreadd (pid 2) is alive but a kernel thread: no user memory, said so.
-  def test_tree_and_stat_of_a_kernel_thread_say_it_has_no_user_memory
+  def test_tree_stat_and_maps_of_a_kernel_thread_say_it_has_no_user_memory
     skip "pid 2 is not kthreadd here (a pid namespace?)" unless File.exist?("/proc/2/comm") && File.read("/proc/2/comm") == "kthreadd\n"
 
     out, err, status = run_cli("stat", 2)
@@ -153,6 +153,9 @@ class CLITest < Minitest::Test
     refute_match(/no such process/, out + err)
     root = JSON.parse(run_cli("tree", 2, "--json").first).fetch("processes").first
     assert_equal [2, true, 0], root.values_at("pid", "kernel_thread", "rss")
+
+    out, err, status = run_cli("maps", 2)
+    assert_equal ["pid 2 [kthreadd]: a kernel thread, no user memory\n", "", 0], [out, err, status]
   end
 
   def test_soak_of_a_directory_says_it_is_one
