@@ -117,7 +117,11 @@ class TreeTest < Minitest::Test
     end
     assert_operator seen, :>, 0, "the tree saw some of the short-lived children"
   ensure
-    Process.kill(:KILL, io.pid) rescue nil # rubocop:disable Style/RescueModifier
+    begin
+      Process.kill(:KILL, io.pid) if io
+    rescue Errno::ESRCH
+      nil # already gone
+    end
     io&.close
   end
 

@@ -18,7 +18,7 @@ class SoakVerdictTest < Minitest::Test
       options = JSON.parse(ARGV[1], symbolize_names: true)
       begin
         print JSON.generate(Memkit::Soak.run(ARGV[0], **options).to_h)
-      rescue Exception => e # rubocop:disable Lint/RescueException -- report anything to the parent
+      rescue Exception => e # anything, reported to the parent as JSON
         print JSON.generate(error: "\#{e.class}: \#{e.message}")
       end
     RUBY
