@@ -137,6 +137,25 @@ module Memkit
       def human(bytes) = Units.human(bytes)
     end
 
+    # Text from another process (a command line, a comm) made safe for a
+    # terminal and a table: control characters are shown as escapes ("\n",
+    # "\t", "\e", "\x7f", "\u009b"), so a process named with a newline cannot
+    # break a row and one named with ANSI codes cannot colour the terminal.
+    # Bidirectional overrides are escaped too: they reorder what follows.
+    CONTROL = {
+      "\n" => "\\n", "\t" => "\\t", "\r" => "\\r", "\e" => "\\e", "\\" => "\\\\"
+    }.freeze
+
+    def self.printable(text)
+      text = text.to_s
+      text = text.encoding == Encoding::BINARY ? text.dup.force_encoding(Encoding::UTF_8) : text.encode(Encoding::UTF_8)
+      text.scrub.gsub(/[\\\p{Cc}\u202a-\u202e\u2066-\u2069]/) do |c|
+        CONTROL.fetch(c) { c.ord < 0x80 ? format("\\x%02x", c.ord) : format("\\u%04x", c.ord) }
+      end
+    rescue EncodingError
+      printable(text.b)
+    end
+
     # A table: columns right-aligned except those named in left:.
     def self.table(headers, rows, left: [])
       cells = [headers, *rows].map { |r| r.map(&:to_s) }

@@ -39,12 +39,7 @@ module Memkit
     end
 
     def self.children(pid, root = "/proc")
-      ProcFS.pids(root: root).select do |child|
-        stat = File.read("#{root}/#{child}/stat")
-        stat[(stat.rindex(")") + 2)..].split(" ", 3)[1].to_i == pid
-      rescue SystemCallError, NoMethodError
-        false
-      end.sort
+      ProcFS.children(root: root).fetch(pid, [])
     end
 
     def initialize(master, workers, exact, root)

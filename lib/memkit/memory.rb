@@ -28,9 +28,22 @@ module Memkit
       private_clean: "Private_Clean", private_dirty: "Private_Dirty", swap: "Swap"
     }.freeze
 
+    # A kernel thread's memory: it has no user address space, and its smaps
+    # files answer ESRCH as if it did not exist.
+    NONE = new(**FIELDS.transform_values { 0 }).freeze
+
     # smaps_rollup (Linux 4.14+) has the totals in one read; older kernels get
     # the same numbers by summing every mapping in smaps, which is much slower.
+    # A kernel thread reads as NONE (all zero), not as a missing process.
     def self.read(pid, source: :auto, root: "/proc")
+      read_smaps(pid, source, root)
+    rescue NoSuchProcess
+      raise unless ProcFS.kernel_thread?(pid, root: root)
+
+      NONE
+    end
+
+    def self.read_smaps(pid, source, root)
       text =
         if source == :smaps
           ProcFS.read(pid, "smaps", root: root)
@@ -48,6 +61,7 @@ module Memkit
 
       parse(text, "/proc/#{pid}/#{source == :smaps ? 'smaps' : 'smaps_rollup'}")
     end
+    private_class_method :read_smaps
 
     # Parses smaps_rollup, or a whole smaps file (whose mappings are summed).
     def self.parse(text, file = "smaps")

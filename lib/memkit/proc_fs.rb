@@ -61,9 +61,48 @@ module Memkit
       text.encoding == Encoding::BINARY ? text : text.b
     end
 
+    # Fields of /proc/PID/stat from the state on (index 0 is the state, 1 the
+    # ppid, 6 the flags), or nil if the process is gone. The comm field
+    # before them may hold spaces and parentheses, so they start after the
+    # last ')'.
+    def stat_fields(pid, root: "/proc")
+      stat = File.binread("#{root}/#{pid}/stat")
+      close = stat.rindex(")") or return nil
+      stat[(close + 2)..].split(" ")
+    rescue SystemCallError
+      nil
+    end
+
+    # pid => ppid for every process, from one pass over /proc/*/stat: the
+    # one place memkit finds parents (Tree, Cow, the soak's TreeSampler).
+    # A process that exits during the pass is left out.
+    def parents(root: "/proc")
+      pids(root: root).each_with_object({}) do |pid, map|
+        fields = stat_fields(pid, root: root) or next
+        map[pid] = fields[1].to_i
+      end
+    end
+
+    # ppid => [child pids, sorted], from the same pass (or from a parents
+    # map already read); only pids that have children are keys.
+    def children(root: "/proc", parents: self.parents(root: root))
+      parents.group_by { |_, ppid| ppid }.transform_values { |pairs| pairs.map(&:first).sort }
+    end
+
+    # PF_KTHREAD in the flags of /proc/PID/stat: a kernel thread, which has
+    # no user address space, so no rss, smaps or maps to read.
+    PF_KTHREAD = 0x00200000
+
+    def kernel_thread?(pid, root: "/proc")
+      fields = stat_fields(pid, root: root) or return false
+      (fields[6].to_i & PF_KTHREAD) != 0
+    end
+
     # All pids currently in /proc, as Integers.
     def pids(root: "/proc")
-      raise Unsupported, "#{root} is not a Linux procfs: memkit reads /proc/PID files (Linux only)" unless File.exist?("#{root}/self/stat")
+      unless File.exist?("#{root}/self/stat")
+        raise Unsupported, "#{root} is not a Linux procfs: memkit reads /proc/PID files (Linux only)"
+      end
 
       Dir.children(root).filter_map { |name| name.to_i if name.match?(/\A\d+\z/) }
     rescue SystemCallError => e

@@ -5,10 +5,19 @@ module Memkit
   #
   # total_pss is the real footprint of a forked server; total_rss is what
   # tools that add up RSS report, counting shared pages once per worker.
+  #
+  # shared_pct is the part of each process's own rss that it shares with any
+  # other process (Shared_Clean + Shared_Dirty over Rss, at most 100%). It is
+  # not a share of the root's memory: a worker also shares libraries with
+  # unrelated processes, and pages with its siblings that the master has
+  # since dropped, so its shared bytes can exceed the master's rss.
   class Tree
-    Node = Struct.new(:pid, :ppid, :depth, :command, :memory, :shared_pct, keyword_init: true) do
+    Node = Struct.new(:pid, :ppid, :depth, :command, :memory, :kernel_thread, keyword_init: true) do
+      def shared_pct = memory.rss.zero? ? 0.0 : 100.0 * memory.shared / memory.rss
+
       def to_h
-        { pid: pid, ppid: ppid, command: command, **memory.to_h, shared_pct: shared_pct&.round(1) }
+        { pid: pid, ppid: ppid, command: command, **memory.to_h, shared_pct: shared_pct.round(1),
+          kernel_thread: kernel_thread ? true : false }
       end
     end
 
@@ -16,10 +25,10 @@ module Memkit
 
     def self.read(pid, root: "/proc")
       pid = ProcFS.pid!(pid)
-      parents = parent_map(root)
+      parents = ProcFS.parents(root: root)
       raise NoSuchProcess, "no such process: pid #{pid}" unless parents.key?(pid)
 
-      children = parents.group_by { |_, ppid| ppid }.transform_values { |pairs| pairs.map(&:first).sort }
+      children = ProcFS.children(parents: parents)
       nodes = []
       skipped = {}
       walk(pid, children, 0) do |child, depth|
@@ -34,12 +43,14 @@ module Memkit
       new(nodes, skipped: skipped)
     end
 
-    # The command line, or "[comm]" for kernel threads and zombies.
+    # The command line, or "[comm]" for kernel threads and zombies, as the
+    # process set it: it may hold newlines, tabs and escape sequences, which
+    # the CLI makes visible before printing (CLI.printable).
     def self.command(pid, root: "/proc")
       cmdline = File.binread("#{root}/#{pid}/cmdline").tr("\0", " ").strip
       return cmdline.force_encoding(Encoding::UTF_8).scrub unless cmdline.empty?
 
-      "[#{File.read("#{root}/#{pid}/comm").strip}]"
+      "[#{File.binread("#{root}/#{pid}/comm").chomp.force_encoding(Encoding::UTF_8).scrub}]"
     rescue SystemCallError => e
       raise ProcFS.translate(e, pid, "cmdline", root)
     end
@@ -48,8 +59,6 @@ module Memkit
       @nodes = nodes
       @skipped = skipped
       @root = nodes.first
-      root_rss = @root.memory.rss
-      nodes.each { |n| n.shared_pct = root_rss.zero? ? 0.0 : [100.0 * n.memory.shared / root_rss, 100.0].min }
       freeze
     end
 
@@ -76,17 +85,6 @@ module Memkit
     class << self
       private
 
-      # pid => ppid for every process, from /proc/*/stat. The comm field may
-      # hold spaces and parentheses, so the ppid is found after the last ')'.
-      def parent_map(root)
-        ProcFS.pids(root: root).each_with_object({}) do |pid, map|
-          stat = File.read("#{root}/#{pid}/stat")
-          map[pid] = stat[(stat.rindex(")") + 2)..].split(" ", 3)[1].to_i
-        rescue SystemCallError, NoMethodError
-          next # exited since the listing, or unreadable: not ours to report
-        end
-      end
-
       def walk(pid, children, depth, &block)
         yield pid, depth
         children.fetch(pid, []).each { |child| walk(child, children, depth + 1, &block) }
@@ -94,7 +92,8 @@ module Memkit
 
       def read_node(pid, ppid, depth, root)
         memory = Memory.read(pid, root: root)
-        Node.new(pid: pid, ppid: ppid, depth: depth, command: command(pid, root: root), memory: memory)
+        Node.new(pid: pid, ppid: ppid, depth: depth, command: command(pid, root: root), memory: memory,
+                 kernel_thread: memory.equal?(Memory::NONE) && ProcFS.kernel_thread?(pid, root: root))
       end
     end
   end

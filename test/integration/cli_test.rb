@@ -135,4 +135,34 @@ class CLITest < Minitest::Test
   ensure
     [stdout, stderr].each { |io| io&.close }
   end
+
+  # kthreadd (pid 2) is alive but a kernel thread: no user memory, said so.
+  def test_tree_stat_and_maps_of_a_kernel_thread_say_it_has_no_user_memory
+    skip "pid 2 is not kthreadd here (a pid namespace?)" unless File.exist?("/proc/2/comm") && File.read("/proc/2/comm") == "kthreadd\n"
+
+    out, err, status = run_cli("stat", 2)
+    assert_equal [0, ""], [status, err]
+    assert_match(/\Apid 2 \[kthreadd\]: a kernel thread, no user memory$/, out)
+    assert_match(/^rss\s+0 B\s+0$/, out)
+    assert_equal true, JSON.parse(run_cli("stat", 2, "--json").first).fetch("kernel_thread")
+
+    out, err, status = run_cli("tree", 2)
+    assert_equal [0, ""], [status, err]
+    assert_match(/^\s*2\s+0\s+\[kthreadd\]/, out)
+    assert_match(/^kernel threads have no user memory \(all figures 0\): 2 \[kthreadd\]/, out)
+    refute_match(/no such process/, out + err)
+    root = JSON.parse(run_cli("tree", 2, "--json").first).fetch("processes").first
+    assert_equal [2, true, 0], root.values_at("pid", "kernel_thread", "rss")
+
+    out, err, status = run_cli("maps", 2)
+    assert_equal ["pid 2 [kthreadd]: a kernel thread, no user memory\n", "", 0], [out, err, status]
+  end
+
+  def test_soak_of_a_directory_says_it_is_one
+    Dir.mktmpdir do |dir|
+      _, err, status = run_cli("soak", dir)
+      assert_equal 2, status
+      assert_equal "memkit: #{dir} is a directory, not a config.ru (see memkit soak --help)\n", err
+    end
+  end
 end

@@ -8,10 +8,11 @@ require "json"
 # matrix in one new Ruby process (as `memkit soak` would run, one after the
 # other), so one app's heap does not carry into the next app's runs.
 #
-# The lengths bracket what used to go wrong: 10..200 requests (the sampler's
-# own bookkeeping read as growth), 2,000..3,000 (the bounded cache is still
-# filling: a straight line no statistic can tell from a leak), and the long
-# runs (200,000 requests, sampled every 2,000 to keep the suite short).
+# The lengths bracket the ways a soak can be fooled: 10..200 requests
+# sampled every request (the sampler's own bookkeeping would read as
+# growth), 2,000..3,000 (the bounded cache is still filling: a straight line
+# no statistic can tell from a leak), and long runs (200,000 requests,
+# sampled every 2,000 to keep the suite short).
 class SoakFalseLeakTest < Minitest::Test
   FIXTURES = File.join(Memkit::TestHelpers::ROOT, "test", "fixtures", "soak")
   HELLO = File.join(Memkit::TestHelpers::ROOT, "bench", "soak", "hello.ru")

@@ -49,7 +49,7 @@ class SoakTest < Minitest::Test
 
   def test_progress_bar_with_eta_only_on_a_terminal
     output = +""
-    PTY.spawn(RbConfig.ruby, EXE, "soak", fixture("churn.ru"), "--requests", "400", "--sample-every", "5",
+    PTY.spawn(RbConfig.ruby, EXE, "soak", fixture("churn.ru"), "--requests", "1500", "--sample-every", "25",
               "--no-attribute", "--fail-on-leak") do |r, _w, pid|
       begin
         r.each_char { |c| output << c }
@@ -59,7 +59,7 @@ class SoakTest < Minitest::Test
       Process.wait(pid)
       assert_equal 0, $?.exitstatus, "a plateau passes --fail-on-leak"
     end
-    assert_match(%r{\[#*\.*\]\s+\d+% \d+/400 .*ETA \d+:\d\d}, output)
+    assert_match(%r{\[#*\.*\]\s+\d+% \d+/1500 .*ETA \d+:\d\d}, output)
     assert_match(/verdict: plateau/, output)
   end
 
@@ -110,7 +110,7 @@ class SoakTest < Minitest::Test
       _, err, status = memkit("soak", "http://127.0.0.1:#{port}/", "--csv", csv)
       assert_equal 2, status.exitstatus
       assert_equal 1, err.lines.size, err
-      assert_match(/--pid PID/, err)
+      assert_match(/is a URL: pass the server's pid in --pid \(see memkit soak --help\)$/, err)
 
       _, err, status = memkit("soak", "http://127.0.0.1:#{port}/", "--pid", Process.pid, "--csv", csv)
       assert_equal 1, status.exitstatus
@@ -133,7 +133,7 @@ class SoakTest < Minitest::Test
     out, err, status = Open3.capture3(env, RbConfig.ruby, "--disable-gems", EXE, "soak", fixture("leak.ru"), "--requests", "100")
     assert_equal 1, status.exitstatus, err
     assert_empty out
-    assert_equal ["memkit: memkit soak leak.ru needs the rack gem (add it to your Gemfile, or soak a URL with --pid)\n"], err.lines
+    assert_equal ["memkit: soaking leak.ru needs the rack gem (add it to your Gemfile, or soak a URL with --pid)\n"], err.lines
   end
 
   def test_bad_options_are_usage_errors

@@ -64,4 +64,56 @@ class FuzzTest < Minitest::Test
     PARSERS.each_key { |name| PARSERS.fetch(name).call(File.read(File.join(FIXTURES, name))) }
     assert_equal 2000 * 1024, Memkit::Memory.parse(File.read(File.join(FIXTURES, "smaps_rollup"))).rss
   end
+
+  # Processes named with control characters, ANSI escapes, invalid UTF-8 and
+  # bidi overrides, in argv[0] (the command line) and in comm: tree, cow and
+  # smaps print them escaped, one row per process, nothing raw reaching the
+  # terminal. Real processes: a small master spawns the children and waits.
+  NASTY = ["a\nb", "tab\there", "\e[31mred\e[0m", "\e]0;title\a", "nul\u0001x", "del\x7fx", "\xff\xfebad",
+           "\u202erev", "cr\rreturn", "back\\slash"].map(&:b).freeze
+
+  def test_command_names_with_control_characters_are_printed_escaped
+    require "memkit/cli"
+    random = Random.new(19)
+    names = NASTY + Array.new(6) { Array.new(random.rand(1..12)) { random.rand(1..255).chr }.join.b }
+    names = names.map { |n| n.delete("\0") }.reject(&:empty?)
+    master_script = <<~RUBY
+      child = "begin; File.binwrite('/proc/self/comm', ARGV[0][0, 15]); rescue SystemCallError; end; puts; STDOUT.flush; sleep"
+      pids = ARGV.map { |n| Process.spawn([#{RbConfig.ruby.dump}, n], "-e", child, n) }
+      STDOUT.puts pids.join(" ")
+      STDOUT.flush
+      sleep
+    RUBY
+    IO.popen([RbConfig.ruby, "-e", master_script, *names], "r", pgroup: true) do |io|
+      master = io.pid
+      children = io.gets.split.map(&:to_i)
+      children.size.times { io.gets } # each child wrote its comm
+      outputs = {
+        "tree" => cli("tree", master), "cow" => cli("cow", master, "--estimate"),
+        "smaps" => children.map { |c| cli("smaps", c) }.join
+      }
+      outputs.each do |command, out|
+        refute_match(/[\x00-\x09\x0b-\x1f\x7f]/, out, "#{command}: no raw control character")
+        refute_match(/[\u0080-\u009f\u202a-\u202e]/, out.dup.force_encoding(Encoding::UTF_8).scrub, "#{command}: no C1 or bidi")
+        names.each { |n| assert_includes out, Memkit::CLI.printable(n)[0, 20], "#{command}: #{n.inspect} shown escaped" }
+      end
+      rows = outputs["tree"].lines.grep(/^\s*\d+\s+\d+\s/)
+      assert_equal children.size + 1, rows.size, "tree: one row per process\n#{outputs['tree']}"
+      rows = outputs["cow"].lines.grep(/^\s*\d+\s/)
+      assert_equal children.size, rows.size, "cow: one row per worker\n#{outputs['cow']}"
+      assert_equal children.size, outputs["smaps"].scan(/^Command line: /).size
+    ensure
+      Process.kill(:KILL, -io.pid) # the master's own process group: it and its children
+    end
+  end
+
+  private
+
+  def cli(*argv)
+    out = StringIO.new
+    err = StringIO.new
+    status = Memkit::CLI.new(out: out, err: err).run(argv.map(&:to_s))
+    assert_equal [0, ""], [status, err.string], argv.inspect
+    out.string
+  end
 end

@@ -65,4 +65,35 @@ class ProcFSTest < Minitest::Test
   def test_pids_lists_this_process
     assert_includes Memkit::ProcFS.pids, Process.pid
   end
+
+  # One pass over /proc/*/stat gives every parent; a comm with spaces and
+  # parentheses (which /proc/PID/stat does not quote) still parses.
+  def test_parents_and_children_come_from_one_pass
+    reader, writer = IO.pipe
+    child = fork do
+      reader.close
+      File.binwrite("/proc/self/comm", "a) b (c")
+      writer.puts
+      writer.close
+      sleep
+    end
+    writer.close
+    reader.gets
+    parents = Memkit::ProcFS.parents
+    assert_equal Process.pid, parents.fetch(child)
+    assert_equal Process.ppid, parents.fetch(Process.pid)
+    assert_includes Memkit::ProcFS.children.fetch(Process.pid), child
+    assert_equal "a) b (c\n", File.read("/proc/#{child}/comm")
+  ensure
+    Process.kill(:KILL, child) if child
+    Process.wait(child) if child
+  end
+
+  def test_a_kernel_thread_is_told_apart
+    refute Memkit::ProcFS.kernel_thread?(Process.pid)
+    refute Memkit::ProcFS.kernel_thread?(4_194_304), "no such pid: not a kernel thread"
+    skip "pid 2 is not kthreadd here (a pid namespace?)" unless File.exist?("/proc/2/comm") && File.read("/proc/2/comm") == "kthreadd\n"
+
+    assert Memkit::ProcFS.kernel_thread?(2)
+  end
 end

@@ -117,7 +117,11 @@ class TreeTest < Minitest::Test
     end
     assert_operator seen, :>, 0, "the tree saw some of the short-lived children"
   ensure
-    Process.kill(:KILL, io.pid) rescue nil # rubocop:disable Style/RescueModifier
+    begin
+      Process.kill(:KILL, io.pid) if io
+    rescue Errno::ESRCH
+      nil # already gone
+    end
     io&.close
   end
 
@@ -127,5 +131,36 @@ class TreeTest < Minitest::Test
     error = assert_raises(Memkit::NoSuchProcess) { Memkit.tree(gone) }
     assert_includes error.message, gone.to_s
     assert_raises(Memkit::InvalidArgument) { Memkit.tree("abc") }
+  end
+
+  # shared% is the part of a process's own rss that it shares. A child that
+  # shares 64 MiB with its own child shares more than its parent's whole rss:
+  # as a share of the root's rss that read as a capped 100%.
+  def test_shared_percentage_is_of_the_process_own_rss
+    script = <<~RUBY
+      child = fork do
+        big = "x" * (64 << 20)
+        fork { big.size; sleep }
+        big.size
+        sleep
+      end
+      puts child
+      STDOUT.flush
+      sleep
+    RUBY
+    IO.popen([RbConfig.ruby, "-e", script], "r", pgroup: true) do |io|
+      child = io.gets.to_i
+      wait_until(message: "grandchild forked") { Memkit::ProcFS.children.fetch(child, []).any? }
+      tree = Memkit.tree(io.pid)
+      node = tree.nodes.find { |n| n.pid == child }
+      assert_operator node.memory.shared, :>, tree.root.memory.rss, "precondition: shares more than the root's rss"
+      tree.nodes.each do |n|
+        assert_in_delta 100.0 * n.memory.shared / n.memory.rss, n.shared_pct, 1e-9
+        assert_operator n.shared_pct, :<=, 100
+      end
+      assert_equal node.shared_pct.round(1), node.to_h[:shared_pct]
+    ensure
+      Process.kill(:KILL, -io.pid)
+    end
   end
 end

@@ -34,14 +34,21 @@ module Memkit
                  "worker uss mean #{human(uss.sum / uss.size)}, max #{human(uss.max)}"
         rows = cow.workers.map do |w|
           [w.pid, human(w.uss), human(w.pss), human(w.private_dirty), format("%.1f%%", w.shared_pct),
-           human(w.shared_with_master), human(w.rss)]
+           human(w.shared_with_master), human(w.rss), command(w.pid)]
         end
-        out.puts CLI.table(%w[worker uss pss private_dirty shared% shared_with_master rss], rows)
+        out.puts CLI.table(%w[worker uss pss private_dirty shared% shared_with_master rss command], rows, left: [7])
         out.puts "master #{pid}: rss #{human(cow.master_rss)}, private_dirty #{human(cow.master_private_dirty)} " \
                  "(shared% is of this rss: a bigger master can raise it while the tree grows)"
         out.puts(cow.method == :pagemap ? "exact: pages mapping the same physical frame as the master (/proc/PID/pagemap)." :
                  "estimate: worker's smaps Shared over the master's rss (pagemap frame numbers need root).")
         nil
+      end
+
+      # Escaped (CLI.printable): a worker's command line is whatever it set.
+      def command(pid)
+        CLI.printable(Memkit::Tree.command(pid))[0, 48]
+      rescue NoSuchProcess, PermissionDenied
+        "(exited)"
       end
     end
   end

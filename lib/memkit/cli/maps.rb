@@ -7,7 +7,16 @@ module Memkit
       def call(argv)
         parse(argv, "PID [--json]") { |o| json_option(o) }
         pid = pid_argument(argv)
-        groups = Memkit.mappings(pid).groups
+        groups = begin
+          Memkit.mappings(pid).groups
+        rescue NoSuchProcess
+          raise unless ProcFS.kernel_thread?(pid)
+
+          # A kernel thread has no user address space: no mappings to group.
+          return print_json({ pid: pid, kinds: {}, kernel_thread: true }) if options[:json]
+
+          return out.puts("pid #{pid} #{CLI.printable(Memkit::Tree.command(pid))}: a kernel thread, no user memory")
+        end
         return print_json({ pid: pid, kinds: groups.transform_values { |g| g.to_h.except(:kind) } }) if options[:json]
 
         rows = groups.values.reject { |g| g.count.zero? }.sort_by { |g| -g.rss }.map do |g|

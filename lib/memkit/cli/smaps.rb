@@ -16,8 +16,10 @@ module Memkit
                     private_dirty: memory.private_dirty, swap: memory.swap }
         return print_json({ pid: pid, **summary, uss: memory.uss, shared_pct: shared_pct }) if options[:json]
 
-        out.puts "Process:      #{pid}", "Command line: #{Memkit::Tree.command(pid)}", "Memory summary:"
-        summary.each { |field, bytes| out.puts format("  %-14s %14s kB", field, (bytes / 1024).to_s.gsub(/\B(?=(\d{3})+\z)/, ",")) }
+        out.puts "Process:      #{pid}", "Command line: #{CLI.printable(Memkit::Tree.command(pid))}", "Memory summary:"
+        summary.each do |field, bytes|
+          out.puts format("  %-14s %14s kB", field, (bytes / 1024).to_s.gsub(/\B(?=(\d{3})+\z)/, ","))
+        end
         out.puts "#{human(memory.shared)} of #{human(memory.rss)} resident is shared (#{shared_pct}%)."
       end
     end

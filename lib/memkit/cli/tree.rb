@@ -30,15 +30,23 @@ module Memkit
         human = Units.method(:human)
         rows = tree.nodes.map do |n|
           m = n.memory
-          [n.pid, n.ppid, "#{'  ' * n.depth}#{n.command[0, 48]}", *[m.rss, m.pss, m.uss, m.shared, m.private_dirty, m.swap].map(&human),
+          [n.pid, n.ppid, "#{'  ' * n.depth}#{CLI.printable(n.command)[0, 48]}",
+           *[m.rss, m.pss, m.uss, m.shared, m.private_dirty, m.swap].map(&human),
            format("%.1f%%", n.shared_pct)]
         end
         rows << ["total", "", "#{tree.nodes.size} processes", human.(tree.total_rss), human.(tree.total_pss),
                  human.(tree.total_uss), "", "", human.(tree.total_swap), ""]
         notes = ["rss summed over processes counts shared pages once per process; pss is the real total.",
-                 "shared% is each process's shared memory as a share of the root's rss."]
+                 "shared% is the part of each process's own rss it shares with other processes."]
+        kernel = tree.nodes.select(&:kernel_thread)
+        if kernel.any?
+          who = kernel.first(3).map { |n| "#{n.pid} #{CLI.printable(n.command)}" }.join(", ")
+          more = kernel.size > 3 ? " and #{kernel.size - 3} more" : ""
+          notes << "kernel threads have no user memory (all figures 0): #{who}#{more}."
+        end
         notes += tree.skipped.map { |pid, why| "skipped pid #{pid}: #{why}" }
-        [CLI.table(%w[pid ppid command rss pss uss shared private_dirty swap shared%], rows, left: [2]), *notes].join("\n")
+        headers = %w[pid ppid command rss pss uss shared private_dirty swap shared%]
+        [CLI.table(headers, rows, left: [2]), *notes].join("\n")
       end
     end
   end

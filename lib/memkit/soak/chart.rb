@@ -26,7 +26,8 @@ module Memkit
         px = ->(x) { (LEFT + (WIDTH - LEFT - RIGHT) * x / x_max).round(1) }
         py = ->(y) { (HEIGHT - BOTTOM - (HEIGHT - TOP - BOTTOM) * (y - y_lo) / (y_hi - y_lo)).round(1) }
         parts = []
-        parts << %(<svg xmlns="http://www.w3.org/2000/svg" width="#{WIDTH}" height="#{HEIGHT}" viewBox="0 0 #{WIDTH} #{HEIGHT}" ) +
+        parts << %(<svg xmlns="http://www.w3.org/2000/svg" width="#{WIDTH}" height="#{HEIGHT}" ) +
+                 %(viewBox="0 0 #{WIDTH} #{HEIGHT}" ) +
                  %(font-family="sans-serif" font-size="12" role="img" aria-label="#{esc(title)}">)
         parts << %(<rect width="#{WIDTH}" height="#{HEIGHT}" fill="#fff"/>)
         warm = results.map(&:warmup).max.to_i
@@ -36,7 +37,8 @@ module Memkit
           parts << %(<text x="#{px[0] + 4}" y="#{TOP + 14}" fill="#888">warm-up</text>)
         end
         ticks(0, x_max).each do |t|
-          parts << %(<line x1="#{px[t]}" y1="#{HEIGHT - BOTTOM}" x2="#{px[t]}" y2="#{HEIGHT - BOTTOM + 5}" stroke="#333"/>)
+          parts << %(<line x1="#{px[t]}" y1="#{HEIGHT - BOTTOM}" x2="#{px[t]}" ) +
+                   %(y2="#{HEIGHT - BOTTOM + 5}" stroke="#333"/>)
           parts << %(<text x="#{px[t]}" y="#{HEIGHT - BOTTOM + 19}" text-anchor="middle">#{count(t)}</text>)
         end
         byte_ticks(y_lo, y_hi).each do |t|
@@ -45,12 +47,14 @@ module Memkit
         end
         parts << %(<path d="M#{LEFT} #{TOP}V#{HEIGHT - BOTTOM}H#{WIDTH - RIGHT}" fill="none" stroke="#333"/>)
         parts << %(<text x="#{(LEFT + WIDTH - RIGHT) / 2}" y="#{HEIGHT - 14}" text-anchor="middle">requests</text>)
-        parts << %(<text transform="translate(16 #{(TOP + HEIGHT - BOTTOM) / 2}) rotate(-90)" text-anchor="middle">rss</text>)
+        parts << %(<text transform="translate(16 #{(TOP + HEIGHT - BOTTOM) / 2}) rotate(-90)" ) +
+                 %(text-anchor="middle">rss</text>)
         results.each_with_index do |r, i|
           color = COLORS[i % COLORS.size]
           points = series[i].map { |x, y| "#{px[x]} #{py[y]}" }
           parts << %(<path class="curve" data-label="#{esc(label(r, i))}" data-points="#{points.size}" ) +
-                   %(d="M#{points.join('L')}" fill="none" stroke="#{color}" stroke-width="2.5" stroke-linejoin="round"/>)
+                   %(d="M#{points.join('L')}" fill="none" stroke="#{color}" stroke-width="2.5" ) +
+                   %(stroke-linejoin="round"/>)
           fit = r.verdicts["rss"]&.full
           next unless fit && r.samples.size > 1
 
@@ -73,16 +77,22 @@ module Memkit
       def html(results, title: "memkit soak")
         rows = results.each_with_index.map do |r, i|
           ci = r.confidence ? "#{r.confidence[0]} .. #{r.confidence[1]}" : ""
-          "<tr><td><span class=\"key\" style=\"background:#{COLORS[i % COLORS.size]}\"></span>#{esc(label(r, i))}</td>" \
-            "<td class=\"v-#{esc(r.verdict.verdict)}\">#{esc(r.verdict.verdict)}</td><td>#{esc(r.bytes_per_request.to_s)}</td><td>#{esc(r.metric)}</td>" \
-            "<td>#{esc(ci)}</td><td>#{r.requests}</td><td>#{esc(Units.human(r.samples.last.rss))}</td>" \
-            "<td>#{esc(r.verdict.reason)}</td></tr>"
+          key = %(<span class="key" style="background:#{COLORS[i % COLORS.size]}"></span>#{esc(label(r, i))})
+          verdict = %(<td class="v-#{esc(r.verdict.verdict)}">#{esc(r.verdict.verdict)}</td>)
+          rest = cells(r.bytes_per_request, r.metric, ci, r.requests, Units.human(r.samples.last.rss), r.verdict.reason)
+          "<tr><td>#{key}</td>#{verdict}#{rest}</tr>"
         end
         sites = results.flat_map do |r|
-          Array(r.attribution).map do |s|
-            "<tr><td>#{esc(s.site)}</td><td>#{esc(s.class_name)}</td><td>#{s.count}</td><td>#{esc(Units.human(s.bytes))}</td></tr>"
-          end
+          Array(r.attribution).map { |s| "<tr>#{cells(s.site, s.class_name, s.count, Units.human(s.bytes))}</tr>" }
         end
+        first = results.first
+        site_table = if sites.empty?
+                       ""
+                     else
+                       "<h2>Allocation sites still retaining objects</h2><table>" \
+                         "<tr>#{cells(*%w[site class objects bytes], tag: 'th')}</tr>\n#{sites.join("\n")}\n</table>"
+                     end
+        headers = ["run", "verdict", "bytes/request", "of", "95% CI", "requests", "final rss", "reason"]
         <<~HTML
           <!DOCTYPE html>
           <html lang="en"><head><meta charset="utf-8"><title>#{esc(title)}</title>
@@ -93,16 +103,21 @@ module Memkit
           .v-leak{color:#b00;font-weight:bold}.v-plateau{color:#070}.v-inconclusive{color:#a60}
           </style></head><body>
           <h1>#{esc(title)}</h1>
-          <p>#{esc(results.first.target)}: rss sampled every #{results.first.sample_every} requests; the rss fit (dashed) starts after #{results.first.warmup} warm-up requests.
-          bytes/request is from rss or, in-process, from live memory (Ruby heap slots plus malloc'd bytes after a full GC), whichever found the leak more precisely.</p>
+          <p>#{esc(first.target)}: rss sampled every #{first.sample_every} requests;
+          the rss fit (dashed) starts after #{first.warmup} warm-up requests.
+          bytes/request is from rss or, in-process, from live memory (Ruby heap slots plus malloc'd bytes after a
+          full GC), whichever found the leak more precisely.</p>
           #{svg(results, title: title)}
-          <table><tr><th>run</th><th>verdict</th><th>bytes/request</th><th>of</th><th>95% CI</th><th>requests</th><th>final rss</th><th>reason</th></tr>
+          <table><tr>#{cells(*headers, tag: 'th')}</tr>
           #{rows.join("\n")}
           </table>
-          #{sites.empty? ? '' : "<h2>Allocation sites still retaining objects</h2><table><tr><th>site</th><th>class</th><th>objects</th><th>bytes</th></tr>\n#{sites.join("\n")}\n</table>"}
+          #{site_table}
           </body></html>
         HTML
       end
+
+      # Table cells, each escaped.
+      def cells(*values, tag: "td") = values.map { |v| "<#{tag}>#{esc(v)}</#{tag}>" }.join
 
       def label(result, index) = result.label || (index.zero? ? "default" : "run #{index + 1}")
 

@@ -134,7 +134,8 @@ module Memkit
           require "rack"
           require "rack/builder"
         rescue LoadError
-          raise Unsupported, "memkit soak #{File.basename(@path)} needs the rack gem (add it to your Gemfile, or soak a URL with --pid)"
+          raise Unsupported, "soaking #{File.basename(@path)} needs the rack gem " \
+                           "(add it to your Gemfile, or soak a URL with pid:)"
         end
         app = Rack::Builder.parse_file(@path)
         app = app.first if app.is_a?(Array) # Rack 2 returns [app, options]

@@ -38,7 +38,7 @@ module Memkit
         @requests = requests
         @warmup = warmup
         @sample_every = sample_every
-        @samples = samples.map { |s| s.is_a?(Sample) ? s : Sample.new(**s.transform_keys(&:to_sym).slice(*Sample.members)) }
+        @samples = samples.map { |s| self.class.sample(s) }
         @seconds = seconds
         @gc_seconds = gc_seconds
         @min_leak = min_leak
@@ -46,7 +46,7 @@ module Memkit
         @attribution = attribution
         @http_errors = http_errors
         @label = label
-        @baseline = baseline&.map { |b| b.is_a?(Sample) ? b : Sample.new(**b.transform_keys(&:to_sym).slice(*Sample.members)) }
+        @baseline = baseline&.map { |s| self.class.sample(s) }
         window = @samples.select { |s| s.requests >= warmup }
         @fits = SERIES.to_h { |key| [key, fit(window, key)] }.compact
         @verdicts = { "rss" => Verdict.judge(window.map(&:requests), window.map(&:rss), min_leak: min_leak) }
@@ -75,8 +75,9 @@ module Memkit
         end
       end
 
-      def bytes_per_request = @verdict.full&.slope&.round(1)
-      def confidence = @verdict.full && [@verdict.full.low.round(1), @verdict.full.high.round(1)]
+      def bytes_per_request = @verdict.full && (@verdict.full.slope.round(1) + 0.0)
+      # + 0.0 turns a rounded -0.0 into 0.0.
+      def confidence = @verdict.full && [@verdict.full.low.round(1) + 0.0, @verdict.full.high.round(1) + 0.0]
       def requests_per_second = (@requests / @seconds).round
 
       def to_h
@@ -86,7 +87,9 @@ module Memkit
           gc_seconds: gc_seconds.round(3), metric: metric, bytes_per_request: bytes_per_request,
           confidence_interval: confidence, verdict: verdict.verdict, reason: verdict.reason, min_leak: min_leak,
           last_half_bytes_per_request: verdict.tail&.slope&.round(1),
-          verdicts: verdicts.transform_values { |v| { verdict: v.verdict, reason: v.reason, fit: v.full&.to_h }.compact },
+          verdicts: verdicts.transform_values do |v|
+            { verdict: v.verdict, reason: v.reason, fit: v.full&.to_h }.compact
+          end,
           fits: fits.transform_values(&:to_h), sampler_bytes_per_sample: @baseline && sampler_bytes_per_sample.round(1),
           malloc_source: malloc_source, http_errors: http_errors,
           attribution: attribution&.map(&:to_h), samples: samples.map(&:to_h), baseline: baseline&.map(&:to_h)
@@ -98,6 +101,9 @@ module Memkit
         cols = %i[requests seconds rss heap_live_slots heap_live_bytes malloc_bytes gc]
         [cols.join(","), *samples.map { |s| cols.map { |c| s[c] }.join(",") }].join("\n") + "\n"
       end
+
+      # A Sample, from a Sample or its Hash (read back from JSON).
+      def self.sample(s) = s.is_a?(Sample) ? s : Sample.new(**s.transform_keys(&:to_sym).slice(*Sample.members))
 
       def self.from_h(h)
         h = h.transform_keys(&:to_sym)

@@ -30,27 +30,36 @@ module Memkit
                      path: "/", min_leak: DEFAULT_MIN_LEAK, gc_budget: 1.0, attribute: true, progress: nil)
         @target = target.to_s
         @url = Soak.url?(@target)
-        @requests = positive!(requests, "--requests")
-        @sample_every = sample_every.nil? ? [@requests / DEFAULT_SAMPLES, 1].max : positive!(sample_every, "--sample-every")
-        raise InvalidArgument, "--sample-every #{@sample_every} is more than --requests #{@requests}" if @sample_every > @requests
+        @requests = positive!(requests, "requests")
+        @sample_every =
+          sample_every.nil? ? [@requests / DEFAULT_SAMPLES, 1].max : positive!(sample_every, "sample_every")
+        if @sample_every > @requests
+          raise InvalidArgument, "sample_every: #{@sample_every} is more than requests: #{@requests}"
+        end
 
-        @warmup = warmup.nil? ? @requests / 5 : Integer(warmup)
-        raise InvalidArgument, "--warmup must be 0 or more and less than --requests (#{@requests}), got #{@warmup}" unless (0...@requests).cover?(@warmup)
+        @warmup = warmup.nil? ? @requests / 5 : number(:Integer, warmup, "warmup")
+        unless (0...@requests).cover?(@warmup)
+          raise InvalidArgument, "warmup: must be 0 or more and less than requests: #{@requests}, got #{@warmup}"
+        end
 
-        @concurrency = positive!(concurrency, "--concurrency")
-        raise InvalidArgument, "--concurrency #{@concurrency} is more than 256" if @concurrency > 256
+        @concurrency = positive!(concurrency, "concurrency")
+        raise InvalidArgument, "concurrency: #{@concurrency} is more than 256" if @concurrency > 256
 
-        @min_leak = Float(min_leak)
-        raise InvalidArgument, "--min-leak must be 0 or more, got #{min_leak}" if @min_leak.negative?
+        @min_leak = number(:Float, min_leak, "min_leak")
+        raise InvalidArgument, "min_leak: must be 0 or more, got #{min_leak}" if @min_leak.negative?
 
-        @gc_budget = Float(gc_budget)
-        raise InvalidArgument, "gc_budget must be between 0 and 1, got #{gc_budget}" unless (0.0..1.0).cover?(@gc_budget)
+        @gc_budget = number(:Float, gc_budget, "gc_budget")
+        unless (0.0..1.0).cover?(@gc_budget)
+          raise InvalidArgument, "gc_budget: must be between 0 and 1, got #{gc_budget}"
+        end
 
         @attribute = attribute && !@url
         @progress = progress
-        raise InvalidArgument, "#{@target} is a URL: give the server's pid with --pid PID" if @url && pid.nil?
-        raise InvalidArgument, "--pid is for URL targets; a config.ru runs in this process" if !@url && pid
-        raise InvalidArgument, "--concurrency is for URL targets; a config.ru is driven one request at a time" if !@url && concurrency != 4
+        raise InvalidArgument, "#{@target} is a URL: pass the server's pid in pid:" if @url && pid.nil?
+        raise InvalidArgument, "pid: is for URL targets; a config.ru runs in this process" if !@url && pid
+        if !@url && concurrency != 4
+          raise InvalidArgument, "concurrency: is for URL targets; a config.ru is driven one request at a time"
+        end
 
         @pid = pid && ProcFS.pid!(pid)
         @path = path
@@ -124,13 +133,19 @@ module Memkit
 
       def attribution_window = (@requests / 10).clamp([@sample_every, 100].min, 2_000)
 
+      def number(kind, value, name)
+        Kernel.public_send(kind, value)
+      rescue ArgumentError, TypeError
+        raise InvalidArgument, "#{name}: not a number: #{value.inspect}"
+      end
+
       def positive!(value, name)
         n = Integer(value)
-        raise InvalidArgument, "#{name} must be a positive number, got #{value}" unless n.positive?
+        raise InvalidArgument, "#{name}: must be a positive number, got #{value}" unless n.positive?
 
         n
       rescue ArgumentError, TypeError
-        raise InvalidArgument, "#{name} must be a positive number, got #{value.inspect}"
+        raise InvalidArgument, "#{name}: must be a positive number, got #{value.inspect}"
       end
 
       def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)

@@ -78,17 +78,11 @@ module Memkit
       end
 
       def descendants
-        children = Hash.new { |h, k| h[k] = [] }
-        ProcFS.pids.each do |p|
-          stat = File.read("/proc/#{p}/stat")
-          children[stat[(stat.rindex(")") + 2)..].split(" ", 3)[1].to_i] << p
-        rescue SystemCallError, NoMethodError
-          next
-        end
+        children = ProcFS.children
         out = []
         queue = [@pid]
         until queue.empty?
-          kids = children[queue.shift]
+          kids = children.fetch(queue.shift, [])
           out.concat(kids)
           queue.concat(kids)
         end

@@ -17,7 +17,9 @@ module Memkit
       def initialize(url, concurrency: 4, timeout: 10)
         @uri = URI.parse(url.to_s)
         raise InvalidArgument, "not an http:// URL: #{url}" unless @uri.is_a?(URI::HTTP) && !@uri.is_a?(URI::HTTPS)
-        raise InvalidArgument, "#{url}: memkit soak only drives servers on 127.0.0.1" unless LOOPBACK.include?(@uri.host)
+        unless LOOPBACK.include?(@uri.host)
+          raise InvalidArgument, "#{url}: memkit soak only drives servers on 127.0.0.1"
+        end
 
         @concurrency = concurrency
         @timeout = timeout

@@ -13,8 +13,9 @@ module Memkit
     # still grows (a cache that is still filling slows down; a leak does
     # not); and the growth over the window is several times the scatter
     # around the line. A plateau needs the last half's whole interval below
-    # min_leak. Anything else is inconclusive, and the reason says what to
-    # change.
+    # min_leak, over a last half long enough to have seen min_leak
+    # (MIN_FLAT_GROWTH). Anything else is inconclusive, and the reason says
+    # what to change.
     Verdict = Struct.new(:verdict, :reason, :full, :tail, keyword_init: true) do
       def self.judge(xs, ys, min_leak:)
         if xs.size < Verdict::MIN_SAMPLES
@@ -60,6 +61,12 @@ module Memkit
             ["inconclusive", "#{b[full.slope]} (#{ci[full]}) straddles the #{min_leak.round} B/request leak " \
                              "threshold: noise #{Units.human(full.noise.round)}; run more requests"]
           end
+        tail_span = xs.last - xs[half]
+        if verdict == "plateau" && min_leak * tail_span < Verdict::MIN_FLAT_GROWTH
+          verdict = "inconclusive"
+          reason = "flat so far, but over the last #{tail_span} requests a #{min_leak.round} B/request leak would " \
+                   "add only #{Units.human((min_leak * tail_span).round)}, too little to see: run more requests"
+        end
         new(verdict: verdict, reason: reason, full: full, tail: tail)
       end
     end
@@ -73,6 +80,11 @@ module Memkit
       # has 16,000 after warm-up.
       MIN_SPAN = 4_000
       NOISE_FACTOR = 3
+      # A plateau is a claim that growth is under min_leak; it needs a last
+      # half long enough for min_leak to have added 8 pages (32 KiB), so that
+      # page-granular rss could have shown a leak at the threshold. Over 10
+      # requests a 400 B/request leak adds one page, and rss looks flat.
+      MIN_FLAT_GROWTH = 32 * 1024
     end
   end
 end

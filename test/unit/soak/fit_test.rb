@@ -76,6 +76,17 @@ class SoakFitTest < Minitest::Test
     assert_equal "leak", Verdict.judge(long, long.map { |x| 5_000_000 + 1_000 * x }, min_leak: 64).verdict
   end
 
+  # Flat over 10 requests says nothing: a 400 B/request leak adds a page.
+  # A plateau needs a last half long enough for min_leak to add 32 KiB.
+  def test_flat_over_too_few_requests_is_inconclusive_not_plateau
+    short = xs(10, 1)
+    v = Verdict.judge(short, short.map { 5_000_000 }, min_leak: 64)
+    assert_equal "inconclusive", v.verdict
+    assert_match(/too little to see/, v.reason)
+    long = xs(20, 60) # last half: 600 requests, 64 x 600 = 37.5 KiB
+    assert_equal "plateau", Verdict.judge(long, long.map { 5_000_000 }, min_leak: 64).verdict
+  end
+
   def test_to_h_reports_the_effective_sample_count
     x = xs(50)
     h = Fit.of(x, x.map { |v| 3 * v }).to_h

@@ -6,7 +6,7 @@ require "json"
 # The "Must show" statistics on the sample apps in test/fixtures/soak, each
 # run in a new process so one run's heap does not carry into the next.
 # Fewer samples than the CLI default keep the file under a minute; the
-# default-settings runs are in bench/RESULTS.md (bench/soak_verdicts.rb).
+# default-settings runs are bench/soak_verdicts.rb's.
 class SoakVerdictTest < Minitest::Test
   FIXTURES = File.join(Memkit::TestHelpers::ROOT, "test", "fixtures", "soak")
 
@@ -18,7 +18,7 @@ class SoakVerdictTest < Minitest::Test
       options = JSON.parse(ARGV[1], symbolize_names: true)
       begin
         print JSON.generate(Memkit::Soak.run(ARGV[0], **options).to_h)
-      rescue Exception => e # rubocop:disable Lint/RescueException -- report anything to the parent
+      rescue Exception => e # anything, reported to the parent as JSON
         print JSON.generate(error: "\#{e.class}: \#{e.message}")
       end
     RUBY
@@ -41,7 +41,7 @@ class SoakVerdictTest < Minitest::Test
   end
 
   # Three runs keep the suite short; the ten-run statistic at the CLI
-  # defaults is bench/soak_verdicts.rb's (recorded in bench/RESULTS.md).
+  # defaults is bench/soak_verdicts.rb's.
   def test_a_bounded_cache_is_never_called_a_leak
     verdicts = Array.new(3) do
       soak("bounded_cache.ru", requests: 8_000, sample_every: 200, attribute: false)
