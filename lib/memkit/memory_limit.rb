@@ -2,6 +2,7 @@
 
 require_relative "after_reply"
 require_relative "libc"
+require_relative "out_of_band"
 require_relative "cgroup"
 
 module Memkit
@@ -55,9 +56,9 @@ module Memkit
     @pending = nil  # the middleware waiting for that hook to replace its worker
 
     class << self
-      # Puma's out_of_band hook (`plugin :memkit`, or
-      # `out_of_band { Memkit::MemoryLimit.out_of_band }`). Puma runs it with
-      # every thread idle and accepts nothing until it returns, so this is
+      # Puma's out_of_band hook (`plugin :memkit`, which calls it through
+      # Memkit::OutOfBand, or `out_of_band { Memkit::OutOfBand.run }`). Puma
+      # runs it with every thread idle and accepts nothing until it returns, so this is
       # where a draining worker sends itself SIGTERM: it then keeps the hook
       # for HOOK_HOLD, time for Puma's trap to queue the stop, which its
       # accept loop handles before any connection, and for a connection
@@ -74,7 +75,9 @@ module Memkit
         true
       end
 
-      def hooked? = @lock.synchronize { @hook_pid == Process.pid } # :nodoc:
+      # Whether Puma's out_of_band hook runs in this worker, through
+      # Memkit::OutOfBand (the plugin) or a hook that calls .out_of_band.
+      def hooked? = OutOfBand.hooked? || @lock.synchronize { @hook_pid == Process.pid } # :nodoc:
 
       def pending=(middleware) # :nodoc:
         @lock.synchronize { @pending = middleware }
@@ -116,6 +119,8 @@ module Memkit
       @replace = replace
       @logger = logger
       validate!
+      # Ahead of OobGC's handler: a worker that is going has no use for a GC.
+      OutOfBand.register(:memory_limit, order: 10) { MemoryLimit.out_of_band ? :stop : nil }
       @lock = Mutex.new
       @pid = nil
       @in_flight = 0

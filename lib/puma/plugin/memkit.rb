@@ -38,13 +38,13 @@ Puma::Plugin.create do
     # deprecated alias); Puma 5 and 6 have only on_refork.
     refork_hook = dsl.respond_to?(:before_refork) ? :before_refork : :on_refork
     dsl.public_send(refork_hook) { warmup(refork_hook.to_s) } if dsl.respond_to?(refork_hook)
-    # Only for the middleware the app loaded (autoload? is nil once loaded).
-    dsl.out_of_band do
-      next if !Memkit.autoload?(:MemoryLimit) && Memkit::MemoryLimit.out_of_band
-
-      # What registered itself (OobGC does when the app builds its middleware).
-      Memkit::OutOfBand.run
-    end
+    # What registered itself when the app built its middleware: MemoryLimit's
+    # replacement first, then OobGC's collection.
+    dsl.out_of_band { Memkit::OutOfBand.run }
+    # Memkit::Metrics labels each worker's series with Puma's index, which a
+    # replacement worker inherits (Puma 7+ names the hook before_worker_boot).
+    boot_hook = dsl.respond_to?(:before_worker_boot) ? :before_worker_boot : :on_worker_boot
+    dsl.public_send(boot_hook) { |index| Memkit::Metrics.worker_booted(index) unless Memkit.autoload?(:Metrics) }
   end
 
   def warmup(hook)
