@@ -49,7 +49,9 @@ module Memkit
         @baseline = baseline&.map { |s| self.class.sample(s) }
         window = @samples.select { |s| s.requests >= warmup }
         @fits = SERIES.to_h { |key| [key, fit(window, key)] }.compact
-        @verdicts = { "rss" => Verdict.judge(window.map(&:requests), window.map(&:rss), min_leak: min_leak) }
+        min_span = mode.to_s == "url" ? Verdict::URL_MIN_SPAN : Verdict::MIN_SPAN
+        @verdicts = { "rss" => Verdict.judge(window.map(&:requests), window.map(&:rss), min_leak: min_leak,
+                                             min_span: min_span) }
         live = window.select { |s| s.gc && s.heap_live_bytes && s.malloc_bytes }
         if live.size >= Verdict::MIN_SAMPLES
           index = @samples.each_with_index.to_h { |s, i| [s.requests, i] }

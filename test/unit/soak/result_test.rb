@@ -6,8 +6,8 @@ require "test_helper"
 class SoakResultTest < Minitest::Test
   Sample = Memkit::Soak::Sample
 
-  def result(samples, baseline: nil)
-    Memkit::Soak::Result.new(target: "app.ru", mode: "rack", pid: 1, requests: samples.last.requests, warmup: 0,
+  def result(samples, baseline: nil, mode: "rack")
+    Memkit::Soak::Result.new(target: "app.ru", mode: mode, pid: 1, requests: samples.last.requests, warmup: 0,
                              sample_every: 100, samples: samples, seconds: 1.0, min_leak: 64, baseline: baseline)
   end
 
@@ -45,5 +45,17 @@ class SoakResultTest < Minitest::Test
     assert_equal "plateau", r.verdicts["live"].verdict
     assert_in_delta 0, r.verdicts["live"].full.slope, 1e-9
     assert_equal 40.0, r.to_h[:sampler_bytes_per_sample]
+  end
+
+  # A server's rss also grows by garbage until Ruby's GC limits stop it: a
+  # URL soak needs a longer window than an in-process one to call a leak.
+  def test_a_url_soak_needs_a_longer_window_for_a_leak
+    rows = Array.new(101) { |i| Sample.new(requests: i * 200, seconds: i, rss: 50_000_000 + 500 * i * 200, gc: false) }
+    url = result(rows, mode: "url")
+    assert_equal "inconclusive", url.verdict.verdict
+    assert_match(/a leak verdict needs 50000/, url.verdict.reason)
+    assert_equal "leak", result(rows).verdict.verdict, "20,000 requests are enough in process"
+    long = Array.new(101) { |i| Sample.new(requests: i * 600, seconds: i, rss: 50_000_000 + 500 * i * 600, gc: false) }
+    assert_equal "leak", result(long, mode: "url").verdict.verdict
   end
 end
