@@ -23,6 +23,7 @@ module Memkit
   autoload :Cgroup, File.expand_path("memkit/cgroup", __dir__)
   autoload :Allocator, File.expand_path("memkit/allocator", __dir__)
   autoload :Libc, File.expand_path("memkit/libc", __dir__)
+  autoload :Refork, File.expand_path("memkit/refork", __dir__)
 
   module_function
 
