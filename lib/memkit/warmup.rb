@@ -22,10 +22,10 @@ module Memkit
   # - fill (off by default): what trim cannot return (free slots, chunks
   #   smaller than a page) is filled with objects and chunks that stay, so
   #   the child allocates in fresh pages instead of copying the parent's.
-  #   It raises the share of the master each worker keeps, but the filler
-  #   stays in the master for good and the workers grow fresh pages instead:
-  #   measured by the tree's total PSS it costs more than it saves (on 3.3
-  #   and on the Rails app, bench/notes/cow.md), so it runs only on request.
+  #   It raises the share of the master each worker keeps, but the workers
+  #   then grow fresh pages instead of reusing the holes: on the Rails bench
+  #   app (3.1, Unicorn) it left the tree 1.12x larger, while it paid on the
+  #   synthetic app shape (bench/notes/cow.md). So it runs only on request.
   #
   # Where Process.warmup exists (Ruby 3.3+) it does promote, compact, free
   # empty pages, coderange and malloc_trim in C; memkit calls it instead, so
