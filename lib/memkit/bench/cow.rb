@@ -219,7 +219,7 @@ module Memkit
 
         def build
           if @shape == "tree"
-            $tree = make_tree(@depth)
+            @tree = make_tree(@depth) # the parent's heap the children share
           else
             require_relative "cow_app"
             CowApp.boot(scale: @scale)
@@ -241,7 +241,7 @@ module Memkit
             10.times { GC.start(full_mark: true, immediate_sweep: true) }
             GC.compact if GC.respond_to?(:compact)
             GC.start
-            Warmup.send(:trim)
+            Libc.malloc_trim
           when "process_warmup" then Process.warmup
           when "puma_old"
             4.times { GC.start(full_mark: false) }
