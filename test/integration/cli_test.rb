@@ -65,6 +65,13 @@ class CLITest < Minitest::Test
       table, = run_cli("tree", master, "--sort", "uss")
       assert_match(/^\s*total\s+3 processes/, table)
       assert_equal 1, table.scan(/^\s*#{master}\s/).size
+
+      # The tree against its container: the memory cgroup the master runs in.
+      cgroup = Memkit::Cgroup.read(master)
+      assert_equal cgroup.path, json.fetch("container").fetch("path")
+      assert_match(/^container: .*cgroup v#{cgroup.version} #{Regexp.escape(cgroup.path)}/, table)
+    rescue Memkit::Cgroup::NotFound
+      assert_nil json.fetch("container")
     end
   end
 

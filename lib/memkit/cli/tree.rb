@@ -21,12 +21,33 @@ module Memkit
       def report(pid)
         tree = Memkit.tree(pid)
         tree = tree.sort_by(options[:sort]) if options[:sort]
-        return print_json(tree.to_h) if options[:json]
+        container = Tree.container(tree.pid)
+        return print_json(tree.to_h.merge(container: container&.to_h)) if options[:json]
 
-        out.puts Tree.render(tree)
+        out.puts Tree.render(tree, container)
       end
 
-      def self.render(tree)
+      # The memory cgroup the tree's root runs in (its container), or nil
+      # where there is none to read.
+      def self.container(pid)
+        Cgroup.read(pid)
+      rescue Error
+        nil
+      end
+
+      # One line: the tree against its container's limit.
+      def self.container_note(tree, reading)
+        human = Units.method(:human)
+        where = "cgroup v#{reading.version} #{CLI.printable(reading.path)}"
+        unless reading.limited?
+          return "container: no memory limit (#{where}); usage #{human.(reading.usage)} with page cache."
+        end
+
+        format("container: the tree's pss is %.0f%% of the %s limit (%s); usage %s with page cache.",
+               100.0 * tree.total_pss / reading.limit, human.(reading.limit), where, human.(reading.usage))
+      end
+
+      def self.render(tree, container = nil)
         human = Units.method(:human)
         rows = tree.nodes.map do |n|
           m = n.memory
@@ -45,6 +66,7 @@ module Memkit
           notes << "kernel threads have no user memory (all figures 0): #{who}#{more}."
         end
         notes += tree.skipped.map { |pid, why| "skipped pid #{pid}: #{why}" }
+        notes << container_note(tree, container) if container
         headers = %w[pid ppid command rss pss uss shared private_dirty swap shared%]
         [CLI.table(headers, rows, left: [2]), *notes].join("\n")
       end
