@@ -34,6 +34,9 @@ module Memkit
       end
 
       master = ProcFS.pid!(master)
+      if ProcFS.kernel_thread?(master, root: root)
+        raise KernelThread, "pid #{master} (#{Tree.command(master).delete("[]")}) is a kernel thread: it has no user memory to share"
+      end
       workers = workers ? workers.map { |w| ProcFS.pid!(w) } : children(master, root)
       new(master, workers, exact, root)
     end

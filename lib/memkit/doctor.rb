@@ -75,18 +75,12 @@ module Memkit
 
     def target = @pid || Process.pid
 
-    # PF_KTHREAD in /proc/PID/stat's flags (field 9): kthreadd and its
-    # children have no user address space, so their environ, maps and exe
-    # read as if the process were gone.
-    PF_KTHREAD = 0x00200000
-
+    # kthreadd and its children have no user address space, so their
+    # environ, maps and exe read as if the process were gone.
     def raise_if_kernel_thread(pid)
-      stat = ProcFS.read(pid, "stat")
-      name = stat[/\((.*)\)/m, 1]
-      flags = stat[(stat.rindex(")") + 2)..].split[6].to_i
-      return if (flags & PF_KTHREAD).zero?
+      return unless ProcFS.kernel_thread?(pid)
 
-      raise KernelThread, "pid #{pid} (#{name}) is a kernel thread: it has no user memory to diagnose"
+      raise KernelThread, "pid #{pid} (#{Tree.command(pid).delete("[]")}) is a kernel thread: it has no user memory to diagnose"
     end
 
     # The status of a resource used to the fraction `used` of its limit.

@@ -158,6 +158,10 @@ class CLITest < Minitest::Test
     assert_match(/^\s*2\s+0\s+\[kthreadd\]/, out)
     assert_match(/^kernel threads have no user memory \(all figures 0\): 2 \[kthreadd\]/, out)
     refute_match(/no such process/, out + err)
+
+    out, err, status = run_cli("cow", 2)
+    assert_equal ["", "memkit: pid 2 (kthreadd) is a kernel thread: it has no user memory to share\n", 1],
+                 [out, err, status]
     root = JSON.parse(run_cli("tree", 2, "--json").first).fetch("processes").first
     assert_equal [2, true, 0], root.values_at("pid", "kernel_thread", "rss")
 
