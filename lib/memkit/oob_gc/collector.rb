@@ -84,8 +84,7 @@ module Memkit
       def started
         Counters.enter
         full_mark_off
-        stat = GC.stat
-        [stat[:count], allocated, stat[:malloc_increase_bytes]]
+        [GC.count, allocated, GC.stat(:malloc_increase_bytes)]
       end
 
       # The unit's result has gone out. Returns the GCs run now (0 if none,
@@ -151,7 +150,12 @@ module Memkit
         reading = self.class.reading
         stat = reading.fetch(:stat)
         @policy.observe(reading, allocated_before: before.sum)
-        fresh = allocated.zip(before).map { |now, was| now - was }
+        now = if (heaps = reading[:heaps])
+                heaps.map { |h| h.fetch(:total_allocated_objects) }
+              else
+                [stat.fetch(:total_allocated_objects)]
+              end
+        fresh = now.zip(before).map { |n, was| n - was }
         grown = stat[:count] == count ? [stat[:malloc_increase_bytes] - malloc, 0].max : nil
         @profile.record(fresh, grown)
         @seen += 1
