@@ -60,6 +60,7 @@ module Memkit
           preload_app true
           pid #{File.join(dir, 'unicorn.pid').inspect}
           before_fork { |_server, _worker| Memkit.warmup }
+          after_fork { |_server, worker| Memkit::Metrics.worker_booted(worker.nr) }
         RUBY
         [Gem.bin_path("unicorn", "unicorn"), "-c", config, APP]
       else
@@ -126,24 +127,21 @@ module Memkit
     # have learned what a request allocates.
     # /metrics answers for one worker: asked by several clients at once, and
     # again, more of the workers answer.
+    # One scrape of /metrics holds every worker's counters (Metrics::Recorder
+    # writes a record per worker index), whichever worker answers it.
     def oob_gc
       more = @requests * 3
       send_requests(more.times.map { |i| "/products/#{i * 41}" })
-      seen = {}
-      10.times do
-        texts = Array.new(@workers) { Thread.new { Net::HTTP.get("127.0.0.1", "/metrics", @port) } }.map(&:value)
-        texts.each do |text|
-          pid = text[/^memkit_oobgc_requests_total\{pid="(\d+)"\}/, 1] or next
-          seen[pid] = %w[runs inside_request_runs watched_runs].to_h do |name|
-            [name, text.scan(/^memkit_oobgc_#{name}_total\{[^}]*\} (\S+)/).sum { |(v)| v.to_f }.round]
-          end
-        end
-        break if seen.size == @workers
+      sleep 1.1 # a worker's record is written at most once a second
+      send_requests(Array.new(@workers * 4) { |i| "/products/#{i}" })
+      text = Net::HTTP.get("127.0.0.1", "/metrics", @port)
+      sum = lambda do |name|
+        text.scan(/^memkit_oobgc_#{name}_total\{([^}]*)\} (\S+)/).sum { |_labels, value| value.to_f }.round
       end
-      total = ->(name) { seen.each_value.sum { |counts| counts[name] } }
-      watched = total.("watched_runs")
-      @out.puts "", "#{more} more requests. Memkit::OobGC in #{seen.size} workers: #{total.('runs')} GC runs between " \
-                    "requests, #{total.('inside_request_runs')} inside requests" \
+      workers = text.scan(/^memkit_oobgc_requests_total\{[^}]*worker="(\d+)"/).flatten.uniq.size
+      watched = sum.("watched_runs")
+      @out.puts "", "#{more} more requests. Memkit::OobGC in #{workers} workers: #{sum.('runs')} GC runs between " \
+                    "requests, #{sum.('inside_request_runs')} inside requests" \
                     "#{" (#{watched} while OobGC could not keep up: see OobGC.stats.gave_up)" if watched.positive?}."
     end
 

@@ -7,6 +7,7 @@
 require "json"
 require_relative "../../memkit"
 
+use Memkit::Metrics::Recorder # each worker leaves its counters for the one scrape
 use Memkit::OobGC
 use Memkit::MemoryLimit, max_uss: ENV.fetch("MEMKIT_DEMO_MAX_USS", "1GB")
 map("/metrics") { run Memkit::Metrics.new }
