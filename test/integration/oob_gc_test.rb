@@ -99,7 +99,9 @@ class OobGCTest < Minitest::Test
     assert_equal 0, responses.count { |close, major, _| close && !major }, "closed without a major after: #{responses.inspect}"
     # With size pools (3.2+) Ruby says a major is needed only once the minor
     # has run; both then run after the same response, announced by nothing.
-    assert_operator closed, :>=, majors * 0.9, responses.inspect unless size_pools?
+    # On one heap every major but one (a minor's nofree verdict, known only
+    # once that minor has run) is announced.
+    assert_operator closed, :>=, majors - 1, responses.inspect unless size_pools?
   end
 
   # Puma's out_of_band hook, played here after every request as Puma calls it
