@@ -77,7 +77,7 @@ module Memkit
         # reconnects, and a worker that is not collecting accepts it. Not for
         # minors: moving a connection leaves the workers unbalanced until the
         # next move, which cost saturated throughput more than the short
-        # pause did (bench/RESULTS.md).
+        # pause did (docs/BENCHMARKS.md).
         headers = headers.frozen? ? headers.dup : headers
         headers["connection"] = "close"
       end
