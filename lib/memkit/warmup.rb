@@ -25,7 +25,7 @@ module Memkit
   #   It raises the share of the master each worker keeps, but the workers
   #   then grow fresh pages instead of reusing the holes: on the Rails bench
   #   app (3.1, Unicorn) it left the tree 1.12x larger, while it paid on the
-  #   synthetic app shape (bench/notes/cow.md). So it runs only on request.
+  #   synthetic app shape (docs/BENCHMARKS.md). So it runs only on request.
   #
   # Where Process.warmup exists (Ruby 3.3+) it does promote, compact, free
   # empty pages, coderange and malloc_trim in C; memkit calls it instead, so

@@ -186,7 +186,7 @@ class OobGCTest < Minitest::Test
                     "minor and major back to back: #{runs}"
     # Collecting a little before Ruby would promotes a little more on this
     # app (rows kept 20 requests, GC every ~8): 10-11 majors to Ruby's 9 in
-    # 400 requests (bench/notes/oobgc.md). All GC runs stay within 1.1x.
+    # 400 requests (docs/BENCHMARKS.md). All GC runs stay within 1.1x.
     assert_operator stats.oob_major + stats.inside_major, :<=, (ruby_majors * 1.25).ceil + 1,
                     "Ruby alone: #{ruby_majors} majors; #{stats.to_h}"
     total = stats.oob_total + stats.inside_total
@@ -299,7 +299,7 @@ class OobGCTest < Minitest::Test
     assert_operator stats.outside_ratio, :>=, 0.9, stats.to_h
     # Within 1.1x on 3.1 and 3.3 (pools balanced); 3.4, whose Ruby alone adds
     # pages from its shared allocatable count before it collects, ran 14 to
-    # Ruby's 10 (bench/notes/oobgc.md).
+    # Ruby's 10 (docs/BENCHMARKS.md).
     assert_operator stats.oob_total + stats.inside_total, :<=, (ruby * 1.5).ceil, "Ruby alone: #{ruby}; #{stats.to_h}"
   end
 

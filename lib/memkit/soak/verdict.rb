@@ -86,7 +86,7 @@ module Memkit
       # oldmalloc limits (up to 32 + 128 MiB a worker by default) stop it.
       # On Unicorn with 2 workers, a bounded cache and a Rails-like page both
       # grew 100..900 B/request in a straight line at 6,000 and 20,000
-      # requests (bench/notes/soak.md). 50,000 is a floor, not a guarantee:
+      # requests (docs/BENCHMARKS.md). 50,000 is a floor, not a guarantee:
       # the in-process soak of the same config.ru is the precise one.
       URL_MIN_SPAN = 50_000
       NOISE_FACTOR = 3
