@@ -18,7 +18,7 @@
 # or the whole head, missing): Puma::Server#process_client resets
 # client.io_buffer in its ensure after it has handed the kept-alive client to
 # the reactor, which may already have given it to another thread that is
-# writing the next response into that buffer. See bench/notes/limits.md.
+# writing the next response into that buffer. See docs/BENCHMARKS.md.
 #
 # Not a test: a run takes minutes. Output: one line per server with requests,
 # failures (and the first few), worker replacements logged and worker pids seen.
