@@ -49,9 +49,11 @@ class ReforkAdaptersTest < Minitest::Test
     with_fork_worker_tree(grow: 24 * MIB) do |master, signals|
       log = StringIO.new
       logger = Object.new
+      # growth: 0.01, so the threshold is min_growth whatever the size of the
+      # test process the tree was forked from.
       logger.define_singleton_method(:log) { |s| log.puts(s) }
       watcher = Memkit::Refork::PumaWatcher.new(master_pid: master, signal: :USR1, log: logger,
-                                                policy: Memkit::Refork::Policy.new(min_growth: 16 * MIB))
+                                                policy: Memkit::Refork::Policy.new(min_growth: 16 * MIB, growth: 0.01))
       readings = watcher.readings
       assert_equal 2, readings.size, "the two workers forked by worker 0, not worker 0 itself"
       tree = Memkit.tree(master)
