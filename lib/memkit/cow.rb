@@ -35,7 +35,8 @@ module Memkit
 
       master = ProcFS.pid!(master)
       if ProcFS.kernel_thread?(master, root: root)
-        raise KernelThread, "pid #{master} (#{Tree.command(master).delete("[]")}) is a kernel thread: it has no user memory to share"
+        name = Tree.command(master, root: root).delete("[]")
+        raise KernelThread, "pid #{master} (#{name}) is a kernel thread: it has no user memory to share"
       end
       workers = workers ? workers.map { |w| ProcFS.pid!(w) } : children(master, root)
       new(master, workers, exact, root)
@@ -53,10 +54,16 @@ module Memkit
       @master_pss = master_memory.pss
       frames = exact == false ? nil : self.class.frames(master, root)
       frames = nil if frames && frames.all? { |_, _, e| e.none? { |v| v & PFN_MASK != 0 } }
-      raise PermissionDenied, "/proc/#{master}/pagemap shows no page frame numbers (needs CAP_SYS_ADMIN)" if exact == true && frames.nil?
+      if exact == true && frames.nil?
+        raise PermissionDenied, "/proc/#{master}/pagemap shows no page frame numbers (needs CAP_SYS_ADMIN)"
+      end
 
       @method = frames ? :pagemap : :estimate
-      @master_rss = frames ? frames.sum { |_, _, e| e.count { |v| v & PRESENT != 0 } } * ProcFS::PAGE_SIZE : master_memory.rss
+      @master_rss = if frames
+                      frames.sum { |_, _, e| e.count { |v| v & PRESENT != 0 } } * ProcFS::PAGE_SIZE
+                    else
+                      master_memory.rss
+                    end
       @workers = workers.filter_map { |pid| worker(pid, frames) }
       freeze
     end

@@ -118,7 +118,8 @@ module Memkit
       sleep 0.2 until worker_pids(pid).size >= @workers || clock > deadline
       lines = File.readlines(@log).grep(/\Amemkit: worker/)
       @out.puts "  #{lines.first.strip}" if lines.first
-      retried = @retried.zero? ? "" : " (#{@retried} retried on a new connection after the server closed one unanswered)"
+      retried = ""
+      retried = " (#{@retried} retried on a new connection after the server closed one unanswered)" if @retried.positive?
       @out.puts "  150 requests, none failed#{retried}; #{lines.size} workers replaced " \
                 "(#{(before - worker_pids(pid)).size} of the original #{before.size} are gone)."
     end

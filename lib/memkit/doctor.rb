@@ -80,7 +80,8 @@ module Memkit
     def raise_if_kernel_thread(pid)
       return unless ProcFS.kernel_thread?(pid)
 
-      raise KernelThread, "pid #{pid} (#{Tree.command(pid).delete("[]")}) is a kernel thread: it has no user memory to diagnose"
+      name = Tree.command(pid).delete("[]")
+      raise KernelThread, "pid #{pid} (#{name}) is a kernel thread: it has no user memory to diagnose"
     end
 
     # The status of a resource used to the fraction `used` of its limit.

@@ -69,7 +69,7 @@ module Memkit
           @hook_pid = Process.pid
           @pending.tap { @pending = nil }
         end
-        return false unless pending&.send(:replace_from_hook)
+        return false unless pending&.replace_from_hook
 
         sleep HOOK_HOLD
         true
@@ -252,6 +252,7 @@ module Memkit
       @via_hook = true
       replace_once
     end
+    public :replace_from_hook # :nodoc: for MemoryLimit.out_of_band
 
     def replace_once
       go = @lock.synchronize { !@replaced && (@replaced = true) }

@@ -282,7 +282,8 @@ module Memkit
         ["memkit_oobgc_inside_request_runs_total", "GC runs that still happened while a request was being served.",
          { oobgc_inside_minor: { kind: "minor" }, oobgc_inside_major: { kind: "major" } }],
         ["memkit_oobgc_time_seconds_total", "Time spent in GC runs started by Memkit::OobGC.", { oobgc_seconds: {} }],
-        ["memkit_oobgc_watched_runs_total", "GC runs inside requests while OobGC had given up (see OobGC.stats.gave_up).",
+        ["memkit_oobgc_watched_runs_total",
+         "GC runs inside requests while OobGC had given up (see OobGC.stats.gave_up).",
          { oobgc_watched: {} }]
       ].freeze
 

@@ -119,13 +119,18 @@ module Memkit
 
       def validate(options)
         unknown = options.keys - DEFAULTS.keys
-        raise InvalidArgument, "unknown warmup option#{'s' if unknown.size > 1}: #{unknown.join(', ')} (known: #{DEFAULTS.keys.join(', ')})" unless unknown.empty?
+        unless unknown.empty?
+          raise InvalidArgument, "unknown warmup option#{'s' if unknown.size > 1}: #{unknown.join(', ')} " \
+                                 "(known: #{DEFAULTS.keys.join(', ')})"
+        end
 
         opts = DEFAULTS.merge(options)
         raise InvalidArgument, "warmup requests: given without app:" if opts[:requests] && opts[:app].nil?
         opts[:app_warmup] = App.new(opts[:app], opts[:requests] || ["/"], logger: opts[:logger]) if opts[:app]
         %i[force promote coderange trim fill].each do |key|
-          raise InvalidArgument, "warmup #{key}: must be true or false, not #{opts[key].inspect}" unless [true, false].include?(opts[key])
+          next if [true, false].include?(opts[key])
+
+          raise InvalidArgument, "warmup #{key}: must be true or false, not #{opts[key].inspect}"
         end
         %i[compact process_warmup].each do |key|
           raise InvalidArgument, "warmup #{key}: must be true, false or :auto, not #{opts[key].inspect}" unless [true, false, :auto].include?(opts[key])

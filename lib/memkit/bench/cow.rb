@@ -54,9 +54,15 @@ module Memkit
           o.on("--depth N", Integer, "tree depth: 2^(N+1) arrays (default 21)") { |v| @opts[:depth] = v }
           o.on("--requests N", Integer, "requests each app child serves (default 2000)") { |v| @opts[:requests] = v }
           o.on("--scale X", Float, "app shape scale, 1 = ~120 MB (default 1)") { |v| @opts[:scale] = v }
-          o.on("--modes LIST", Array, "subset of: #{(RUBY_MODES.keys + STEP_MODES.keys).join(', ')}") { |v| @opts[:modes] = v }
-          o.on("--steps", "add Memkit.warmup step by step (promote, +coderange, +compact, +trim)") { @opts[:steps] = true }
-          o.on("--[no-]python", "add the Python rows (gc.freeze vs not; default on when python3 exists)") { |v| @opts[:python] = v }
+          o.on("--modes LIST", Array, "subset of: #{(RUBY_MODES.keys + STEP_MODES.keys).join(', ')}") do |v|
+            @opts[:modes] = v
+          end
+          o.on("--steps", "add Memkit.warmup step by step (promote, +coderange, +compact, +trim)") do
+            @opts[:steps] = true
+          end
+          o.on("--[no-]python", "add the Python rows (gc.freeze vs not; default on when python3 exists)") do |v|
+            @opts[:python] = v
+          end
           o.on("-h", "--help", "print this help and exit") do
             @out.puts(o.help)
             @help = true

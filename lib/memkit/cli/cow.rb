@@ -10,7 +10,9 @@ module Memkit
       def call(argv)
         parse(argv, "MASTER_PID [--json] [--estimate] [--watch SECONDS]") do |o|
           json_option(o)
-          o.on("--estimate", "use smaps Shared/rss even where pagemap frame numbers are readable") { options[:estimate] = true }
+          o.on("--estimate", "use smaps Shared/rss even where pagemap frame numbers are readable") do
+            options[:estimate] = true
+          end
           watch_option(o)
         end
         pid = pid_argument(argv)

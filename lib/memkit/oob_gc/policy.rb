@@ -37,7 +37,8 @@ module Memkit
       attr_reader :headroom
 
       def initialize(headroom: 1.1, min_free_ratio: MIN_FREE_RATIO,
-                     malloc_limit_max: Integer(ENV.fetch("RUBY_GC_MALLOC_LIMIT_MAX", MALLOC_LIMIT_MAX), exception: false))
+                     malloc_limit_max: Integer(ENV.fetch("RUBY_GC_MALLOC_LIMIT_MAX", MALLOC_LIMIT_MAX),
+                                               exception: false))
         @headroom = headroom.to_f
         @min_free_ratio = min_free_ratio.to_f
         @malloc_limit_max = malloc_limit_max || MALLOC_LIMIT_MAX
