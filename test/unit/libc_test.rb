@@ -33,7 +33,8 @@ class LibcTest < Minitest::Test
     # A 64 MiB String is one malloc (mmap'd by glibc above its threshold).
     big = "x" * (64 << 20)
     during = Libc.mallinfo2.in_use
-    assert_operator during - before, :>=, 64 << 20
+    # Within a MiB: whatever else was freed between the two readings.
+    assert_operator during - before, :>=, (64 << 20) - (1 << 20)
     big = nil
     GC.start
     assert_operator Libc.mallinfo2.in_use, :<, during - (32 << 20), "freed 64 MiB should leave malloc's in-use count"
