@@ -129,21 +129,30 @@ module Memkit
     # /metrics answers for one worker: asked by several clients at once, and
     # again, more of the workers answer.
     # One scrape of /metrics holds every worker's counters (Metrics::Recorder
-    # writes a record per worker index), whichever worker answers it.
+    # writes a record per worker index, at most once a second). Counted
+    # between two scrapes, after each worker's first requests: OobGC leaves
+    # a new worker's first GCs to Ruby, which sizes the heap from them.
     def oob_gc
+      send_requests(Array.new(@workers * 25) { |i| "/products/#{i * 43}" })
+      before = oob_counters
       more = @requests * 3
       send_requests(more.times.map { |i| "/products/#{i * 41}" })
-      sleep 1.1 # a worker's record is written at most once a second
+      after = oob_counters
+      delta = ->(name) { after.sum { |worker, c| c[name] - before.fetch(worker, {}).fetch(name, 0) } }
+      @out.puts "", "#{more} more requests. Memkit::OobGC in #{after.size} workers: #{delta.('runs')} GC runs " \
+                    "between requests, #{delta.('inside_request_runs')} inside requests."
+    end
+
+    # { worker index => { "runs" => n, "inside_request_runs" => n } }, summed over GC kinds.
+    def oob_counters
+      sleep 1.1 # the latest requests' records are written
       send_requests(Array.new(@workers * 4) { |i| "/products/#{i}" })
       text = Net::HTTP.get("127.0.0.1", "/metrics", @port)
-      sum = lambda do |name|
-        text.scan(/^memkit_oobgc_#{name}_total\{([^}]*)\} (\S+)/).sum { |_labels, value| value.to_f }.round
+      counters = Hash.new { |h, k| h[k] = Hash.new(0) }
+      text.scan(/^memkit_oobgc_(runs|inside_request_runs)_total\{[^}]*worker="(\d+)"[^}]*\} (\S+)/) do |name, worker, v|
+        counters[worker][name] += v.to_f.round
       end
-      workers = text.scan(/^memkit_oobgc_requests_total\{[^}]*worker="(\d+)"/).flatten.uniq.size
-      watched = sum.("watched_runs")
-      @out.puts "", "#{more} more requests. Memkit::OobGC in #{workers} workers: #{sum.('runs')} GC runs between " \
-                    "requests, #{sum.('inside_request_runs')} inside requests" \
-                    "#{" (#{watched} while OobGC could not keep up: see OobGC.stats.gave_up)" if watched.positive?}."
+      counters
     end
 
     def worker_pids(pid) = Tree.read(pid).nodes.drop(1).map(&:pid)
