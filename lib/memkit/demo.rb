@@ -143,14 +143,17 @@ module Memkit
                     "between requests, #{delta.('inside_request_runs')} inside requests."
     end
 
-    # { worker index => { "runs" => n, "inside_request_runs" => n } }, summed over GC kinds.
+    # { [worker index, pid] => { "runs" => n, "inside_request_runs" => n } }, summed over GC kinds.
     def oob_counters
       sleep 1.1 # the latest requests' records are written
       send_requests(Array.new(@workers * 4) { |i| "/products/#{i}" })
       text = Net::HTTP.get("127.0.0.1", "/metrics", @port)
+      # Keyed by worker index and pid: a replaced worker's successor starts
+      # its counts from zero.
+      pids = text.scan(/^memkit_process_info\{role="worker",worker="(\d+)",pid="(\d+)"/).to_h
       counters = Hash.new { |h, k| h[k] = Hash.new(0) }
       text.scan(/^memkit_oobgc_(runs|inside_request_runs)_total\{[^}]*worker="(\d+)"[^}]*\} (\S+)/) do |name, worker, v|
-        counters[worker][name] += v.to_f.round
+        counters[[worker, pids[worker]]][name] += v.to_f.round
       end
       counters
     end
