@@ -23,6 +23,7 @@ class DemoTest < Minitest::Test
       summary = /more requests. Memkit::OobGC in \d+ workers: (\d+) GC runs between requests, (\d+) inside/
       between, inside = out.match(summary)&.captures&.map(&:to_i)
       refute_nil between, out
+      assert_operator inside, :>=, 0, out
       assert_operator between, :>, inside * 2, "#{server}: most GC runs between requests: #{out}"
       master = out[/^\s*(\d+)\s+\d+\s+(unicorn master|puma)/, 1].to_i
       refute File.exist?("/proc/#{master}"), "#{server} master #{master} is gone after the demo"
