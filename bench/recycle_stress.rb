@@ -79,11 +79,11 @@ def client(port, count, keep_alive, out)
         end
       rescue StandardError => e
         fails << "#{e.class}: #{e.message[0, 120]}"
-        http&.finish rescue nil # rubocop:disable Style/RescueModifier
+        http&.finish rescue nil # a connection the server already closed
         http = nil
       end
       unless keep_alive
-        http&.finish rescue nil # rubocop:disable Style/RescueModifier
+        http&.finish rescue nil # a connection the server already closed
         http = nil
       end
     end

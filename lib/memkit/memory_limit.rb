@@ -130,7 +130,7 @@ module Memkit
       @lock.synchronize { @in_flight += 1 }
       begin
         status, headers, body = @app.call(env)
-      rescue Exception # rubocop:disable Lint/RescueException -- the request is over whatever ended it
+      rescue Exception # the request is over, whatever ended it: an error, a timeout, a thread kill
         @lock.synchronize { @in_flight -= 1 }
         raise
       end

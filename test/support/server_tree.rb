@@ -41,7 +41,7 @@ module ServerTree
     yield io.pid
   ensure
     if io
-      Process.kill(:KILL, -io.pid) rescue nil # rubocop:disable Style/RescueModifier
+      Process.kill(:KILL, -io.pid) rescue nil # already gone is fine
       io.close
     end
   end
