@@ -23,7 +23,6 @@ when "nofill" then Memkit.warmup(fill: false)
 else abort "mode: plain, nofill or warmup"
 end
 
-# rubocop:disable Layout/LineLength
 ops = {
   gc_only: ->(_rng) {},
   lookups: ->(rng) { r = CowApp.by_id[rng.rand(CowApp.records.size)]; CowApp.by_category[r["category"]].sample(5, random: rng) },
@@ -34,7 +33,6 @@ ops = {
   garbage_3000_strings: ->(_rng) { Array.new(3000) { "x" * 30 } },
   full_request: ->(_rng) { CowApp.call({ "PATH_INFO" => "/" }) }
 }
-# rubocop:enable Layout/LineLength
 ops.select! { |name, _| ARGV[1].nil? || ARGV[1].split(",").include?(name.to_s) }
 
 puts "cow_ops: ruby #{RUBY_VERSION}, prepared with: #{mode}, warm requests #{ENV.fetch('COW_WARM_REQUESTS', '0')}, master rss #{Memkit::Units.human(Memkit.rss)}"
