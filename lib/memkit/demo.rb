@@ -26,7 +26,7 @@ module Memkit
     end
 
     # Yields the master pid once all workers are up and the requests are done,
-    # then shows MemoryLimit and OobGC at work.
+    # then shows OobGC and MemoryLimit at work.
     def run
       Dir.mktmpdir("memkit-demo") do |dir|
         @port = Loopback.free_port
@@ -39,8 +39,10 @@ module Memkit
           elapsed = send_requests(@requests.times.map { |i| "/products/#{i * 37}" })
           @out.puts format("Sent %d requests in %.1fs.", @requests, elapsed), ""
           yield pid
-          recycle(pid)
+          # OobGC before the leak: its counts then come from workers that
+          # MemoryLimit is not about to replace.
           oob_gc
+          recycle(pid)
         ensure
           stop(pid)
         end
