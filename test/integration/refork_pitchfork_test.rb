@@ -1,14 +1,14 @@
 # frozen_string_literal: true
 
 require "test_helper"
-require "support/pitchfork"
+require "support/pitchfork_server"
 
 # Memkit::Refork::Pitchfork on real Pitchfork: a worker whose USS grew past
 # the policy's threshold asks the monitor for a refork (USR2), the monitor
 # promotes a worker to a new mold, and that mold runs Memkit.warmup before it
 # forks the next generation. No refork_after: only memkit can trigger one.
 class ReforkPitchforkTest < Minitest::Test
-  include Memkit::PitchforkHelper
+  include Memkit::PitchforkServer
 
   APP = <<~RUBY
     CACHE = []
@@ -39,7 +39,7 @@ class ReforkPitchforkTest < Minitest::Test
 
   def test_policy_promotes_a_new_mold_that_was_warmed_up
     Dir.mktmpdir do |dir|
-      server = start_pitchfork(APP, dir: dir, port: free_port, workers: 2, config: CONFIG)
+      server = start_pitchfork(APP, dir: dir, port: free_port, workers: 2, extra: CONFIG)
       begin
         mold0 = wait_until(message: "the first mold") { process_with(server.pid, "(gen:0) mold") }
         wait_until(message: "the first mold's warm-up line\n#{server.log_text}") do

@@ -8,6 +8,8 @@ module Memkit
   # ServersHelper.start_server does for Unicorn and Puma: same Server struct,
   # same stop_server (QUIT to the monitor, which Pitchfork treats as graceful).
   module PitchforkServer
+    include ServersHelper
+
     module_function
 
     def start_pitchfork(app_source, dir:, port:, workers: 2, env: {}, check_path: "/", extra: "")
