@@ -29,7 +29,9 @@ class ChrootRubyTest < Minitest::Test
     stub("chroot", <<~SH)
       echo "stub chroot: $*"
       # The 3.4 recipe installs its Ruby from experimental inside the new root.
-      case "$*" in *"install"*"ruby$STUB_RUBY"*) : > "$1/usr/bin/ruby$STUB_RUBY"; chmod +x "$1/usr/bin/ruby$STUB_RUBY" ;; esac
+      case "$*" in
+        *"install"*"ruby$STUB_RUBY"*) : > "$1/usr/bin/ruby$STUB_RUBY"; chmod +x "$1/usr/bin/ruby$STUB_RUBY" ;;
+      esac
       exit 0
     SH
     stub("unshare", <<~SH)
