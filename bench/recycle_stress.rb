@@ -13,12 +13,13 @@
 #     [--threads 2] [--puma-config "queue_requests false"]
 #
 # puma_nolimit is the control: the same app and load on Puma without memkit
-# (neither loaded nor used), so no worker is ever replaced. Puma 8.0.2 with 2 threads
-# per worker loses about one response in 100,000 there too (the status line,
-# or the whole head, missing): Puma::Server#process_client resets
-# client.io_buffer in its ensure after it has handed the kept-alive client to
-# the reactor, which may already have given it to another thread that is
-# writing the next response into that buffer. See docs/BENCHMARKS.md.
+# (neither loaded nor used), so no worker is ever replaced. On Ruby 3.1, Puma
+# 8.0.2 with 2 threads per worker loses about one response in 100,000 there
+# too (the status line, or the whole head, missing): Puma::Server#process_client
+# resets client.io_buffer in its ensure after it has handed the kept-alive
+# client to the reactor, which may already have given it to another thread
+# that is writing the next response into that buffer. See docs/LIMITS.md
+# (why memkit cannot work around it; `threads 1` or `queue_requests false` do).
 #
 # Not a test: a run takes minutes. Output: one line per server with requests,
 # failures (and the first few), worker replacements logged and worker pids seen.
