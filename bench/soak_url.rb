@@ -4,7 +4,7 @@
 # mode where only rss is seen: no live curve to lean on), and of the 400
 # B/request leak. Prints one line per run, with its wall time. A URL leak
 # verdict needs Verdict::URL_MIN_SPAN (50,000) requests after the warm-up
-# (the first fifth): runs of 62,500 requests or more.
+# (the first fifth), first sample to last: runs of 65,000 requests or more.
 #   flock /tmp/memkit-bench.lock bundle exec ruby -Ilib -Itest bench/soak_url.rb [--requests 50000,100000]
 #     [--apps rails_like,bounded_cache,leak]
 require "optparse"
