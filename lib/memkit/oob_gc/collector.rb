@@ -51,7 +51,13 @@ module Memkit
       # (a full GC.stat Hash costs ten times more).
       def self.allocated
         if POOLS
-          POOLS.map { |i| GC.stat_heap(i, :total_allocated_objects) }
+          counts = Array.new(POOLS.size)
+          i = 0
+          while i < counts.size
+            counts[i] = GC.stat_heap(i, :total_allocated_objects)
+            i += 1
+          end
+          counts
         else
           [GC.stat(:total_allocated_objects)]
         end
@@ -180,14 +186,8 @@ module Memkit
       # reset the counter), but its object allocation is still right.
       def learn(token, count, now, malloc)
         started, before, malloc_before = token
-        fresh = Array.new(now.size)
-        i = 0
-        while i < now.size
-          fresh[i] = now[i] - before[i]
-          i += 1
-        end
         grown = malloc - malloc_before
-        @profile.record(fresh, count == started ? (grown.negative? ? 0 : grown) : nil)
+        @profile.record_since(now, before, count == started ? (grown.negative? ? 0 : grown) : nil)
         @seen += 1
       end
 
