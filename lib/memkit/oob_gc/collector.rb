@@ -157,8 +157,9 @@ module Memkit
       # last unit in flight runs one). For the Rack middleware's
       # "connection: close".
       def major_next?(_token)
-        # Nothing can be due: no need to take the lock (this only reads).
-        return false if quiet_so_far?
+        # No major can be due, or nothing at all: no need to take the lock
+        # (this only reads).
+        return false if minor_at_most? || quiet_so_far?
 
         Counters.alone? do
           next false if @profile.empty?
@@ -224,6 +225,17 @@ module Memkit
         (m = q[3].malloc).nil? || malloc - q[2] <= m
       end
 
+      # Whether the GC the next unit's end may run is a minor at most: the
+      # kind Policy#kind answered at the last reading, with no GC run since
+      # and oldmalloc still short of its limit.
+      def minor_at_most?
+        q = @quiet or return false
+        return false unless q[7] && GC.count == q[0]
+        return false if @no_full_mark && GC.latest_gc_info(:need_major_by)
+
+        GC.stat(:malloc_increase_bytes) - q[2] <= q[8]
+      end
+
       # Remembers, from a reading with nothing due, how far the quiet
       # stretch goes.
       def quiet(reading)
@@ -237,7 +249,8 @@ module Memkit
                  [stat.fetch(:total_allocated_objects)]
                end
         @quiet = [stat.fetch(:count), base, stat.fetch(:malloc_increase_bytes), margins, @profile.version,
-                  margins.least, stat.fetch(:total_allocated_objects)]
+                  margins.least, stat.fetch(:total_allocated_objects), @policy.kind(reading) == :minor,
+                  stat.fetch(:oldmalloc_increase_bytes_limit) - stat.fetch(:oldmalloc_increase_bytes)]
       end
 
       # Returns how many GCs it ran.
