@@ -116,6 +116,12 @@ module Memkit
       def started
         Counters.enter
         full_mark_off if @no_full_mark
+        # The last unit's end, when nothing was collected since: what the
+        # server allocates between units then counts in the next one, as it
+        # does in the heap's margins.
+        last = @last
+        return last if last && last[0] == GC.count
+
         [GC.count, Collector.allocated, GC.stat(:malloc_increase_bytes)]
       end
 
@@ -128,6 +134,7 @@ module Memkit
           now = Collector.allocated
           malloc = GC.stat(:malloc_increase_bytes)
           learn(token, count, now, malloc)
+          @last = [count, now, malloc]
           next if quiet?(count, now, malloc)
 
           @quiet = nil
@@ -175,6 +182,7 @@ module Memkit
       # in flight: the heap as it is now decides. Returns the GCs run.
       def out_of_band
         @quiet = nil
+        @last = nil
         reading = self.class.reading
         @policy.observe(reading)
         due = @policy.decide(reading, @profile, headroom: @hook_headroom)
