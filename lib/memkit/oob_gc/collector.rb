@@ -36,6 +36,13 @@ module Memkit
       DEFAULTS = { headroom: 1.1, percentile: 0.95, window: 200, max_heap_growth: 64 << 20, regrow_after: 100,
                    full_mark: :auto }.freeze
 
+      # What #quiet remembers of a reading in which nothing was due: the GC
+      # count, objects allocated per pool and in all, malloc'd bytes, the
+      # policy's margins, the profile's version, and whether the GC due next
+      # would be a minor with oldmalloc still `oldmalloc_room` bytes short of
+      # its limit.
+      Quiet = Struct.new(:count, :base, :total, :malloc, :margins, :version, :minor, :oldmalloc_room)
+
       # Ruby's size pools, found once: nil where Ruby has one heap (3.1).
       POOLS = if GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
                 (0...(GC::INTERNAL_CONSTANTS[:SIZE_POOL_COUNT] || GC::INTERNAL_CONSTANTS[:HEAP_COUNT] ||
@@ -208,11 +215,11 @@ module Memkit
       # every request cost 6-17 us a request.
       def quiet?(count, now, malloc)
         q = @quiet or return false
-        return false unless count == q[0] && @profile.version == q[4]
+        return false unless count == q.count && @profile.version == q.version
         # Ruby may ask for a major at the end of a lazy sweep, with no GC run.
         return false if @no_full_mark && GC.latest_gc_info(:need_major_by)
 
-        q[3].holds?(now, q[1], malloc - q[2])
+        q.margins.holds?(now, q.base, malloc - q.malloc)
       end
 
       # #quiet? for the middleware, mid-request: the objects allocated in all
@@ -221,16 +228,16 @@ module Memkit
       def quiet_so_far?
         q = @quiet or return false
         count = GC.count
-        return false unless count == q[0] && @profile.version == q[4]
+        return false unless count == q.count && @profile.version == q.version
         return false if @no_full_mark && GC.latest_gc_info(:need_major_by)
 
         malloc = GC.stat(:malloc_increase_bytes)
-        least = q[5]
-        if least.nil? || GC.stat(:total_allocated_objects) - q[6] > least
+        least = q.margins.least
+        if least.nil? || GC.stat(:total_allocated_objects) - q.total > least
           return quiet?(count, Collector.allocated, malloc)
         end
 
-        (m = q[3].malloc).nil? || malloc - q[2] <= m
+        (m = q.margins.malloc).nil? || malloc - q.malloc <= m
       end
 
       # Whether the GC the next unit's end may run is a minor at most: the
@@ -238,10 +245,10 @@ module Memkit
       # and oldmalloc still short of its limit.
       def minor_at_most?
         q = @quiet or return false
-        return false unless q[7] && GC.count == q[0]
+        return false unless q.minor && GC.count == q.count
         return false if @no_full_mark && GC.latest_gc_info(:need_major_by)
 
-        GC.stat(:malloc_increase_bytes) - q[2] <= q[8]
+        GC.stat(:malloc_increase_bytes) - q.malloc <= q.oldmalloc_room
       end
 
       # Remembers, from a reading with nothing due, how far the quiet
@@ -256,9 +263,10 @@ module Memkit
                else
                  [stat.fetch(:total_allocated_objects)]
                end
-        @quiet = [stat.fetch(:count), base, stat.fetch(:malloc_increase_bytes), margins, @profile.version,
-                  margins.least, stat.fetch(:total_allocated_objects), @policy.kind(reading) == :minor,
-                  stat.fetch(:oldmalloc_increase_bytes_limit) - stat.fetch(:oldmalloc_increase_bytes)]
+        @quiet = Quiet.new(stat.fetch(:count), base, stat.fetch(:total_allocated_objects),
+                           stat.fetch(:malloc_increase_bytes), margins, @profile.version,
+                           @policy.kind(reading) == :minor,
+                           stat.fetch(:oldmalloc_increase_bytes_limit) - stat.fetch(:oldmalloc_increase_bytes))
       end
 
       # Returns how many GCs it ran.
