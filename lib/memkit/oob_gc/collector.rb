@@ -23,15 +23,51 @@ module Memkit
     # Several collectors in one process share the process's counters; a GC
     # runs only when no unit is in flight in any of them.
     class Collector
+      # Requests a collected heap is sized to hold (where max_heap_growth, the
+      # RSS bound and Ruby's free-share limit allow). Collecting before
+      # request N where Ruby would collect inside it runs up to (N + 1) / N
+      # times Ruby's GCs: 1.1x at 10.
+      COVER = 10
+      # The heap growth's bound besides max_heap_growth: this share of the
+      # worker's RSS when it first sizes the heap (the issue's cap on what
+      # heap sizing may cost is 1.3x the RSS without it).
+      RSS_SHARE = 0.2
+
       DEFAULTS = { headroom: 1.1, percentile: 0.95, window: 200, max_heap_growth: 64 << 20, regrow_after: 100,
                    full_mark: :auto }.freeze
 
+      # What #quiet remembers of a reading in which nothing was due: the GC
+      # count, objects allocated per pool and in all, malloc'd bytes, the
+      # policy's margins, the profile's version, and whether the GC due next
+      # would be a minor with oldmalloc still `oldmalloc_room` bytes short of
+      # its limit.
+      Quiet = Struct.new(:count, :base, :total, :malloc, :margins, :version, :minor, :oldmalloc_room)
+
+      # Ruby's size pools, found once: nil where Ruby has one heap (3.1).
+      POOLS = if GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
+                (0...(GC::INTERNAL_CONSTANTS[:SIZE_POOL_COUNT] || GC::INTERNAL_CONSTANTS[:HEAP_COUNT] ||
+                      GC.stat_heap.size)).to_a.freeze
+              end
+
       # A reading of the heap, as the policies take it.
       def self.reading
-        heaps = if GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
-                  (0...(GC::INTERNAL_CONSTANTS[:SIZE_POOL_COUNT] || GC.stat_heap.size)).map { |i| GC.stat_heap(i) }
-                end
-        { stat: GC.stat, heaps: heaps, info: GC.latest_gc_info }
+        { stat: GC.stat, heaps: POOLS&.map { |i| GC.stat_heap(i) }, info: GC.latest_gc_info }
+      end
+
+      # Objects allocated so far, per pool: one single-key GC.stat call each
+      # (a full GC.stat Hash costs ten times more).
+      def self.allocated
+        if POOLS
+          counts = Array.new(POOLS.size)
+          i = 0
+          while i < counts.size
+            counts[i] = GC.stat_heap(i, :total_allocated_objects)
+            i += 1
+          end
+          counts
+        else
+          [GC.stat(:total_allocated_objects)]
+        end
       end
 
       attr_reader :policy, :profile
@@ -72,10 +108,13 @@ module Memkit
         @regrow_after = regrow_after
         @log = log
         @cover = headroom + 1 # after a GC: the next request, and one more
+        @want = [@cover, COVER].max
         @hook_headroom = headroom + 1
         @seen = 0 # units of work finished
         @grown_at = nil # @seen when the heap was last grown
         @full_mark_off = nil # pid where GC.config(rgengc_allow_full_mark: false) was set
+        @no_full_mark = @policy.is_a?(Policy::NoFullMark)
+        @quiet = nil # see #quiet
         OutOfBand.register(:oob_gc, order: 50) { OobGC.out_of_band }
         Counters.update(policy: @policy.name)
       end
@@ -83,8 +122,14 @@ module Memkit
       # A unit of work starts. Returns the token to give #finished.
       def started
         Counters.enter
-        full_mark_off
-        [GC.count, allocated, GC.stat(:malloc_increase_bytes)]
+        full_mark_off if @no_full_mark
+        # The last unit's end, when nothing was collected since: what the
+        # server allocates between units then counts in the next one, as it
+        # does in the heap's margins.
+        last = @last
+        return last if last && last[0] == GC.count
+
+        [GC.count, Collector.allocated, GC.stat(:malloc_increase_bytes)]
       end
 
       # The unit's result has gone out. Returns the GCs run now (0 if none,
@@ -92,20 +137,32 @@ module Memkit
       def finished(token)
         ran = 0
         Counters.leave do
-          reading = learn(token)
+          count = GC.count
+          now = Collector.allocated
+          malloc = GC.stat(:malloc_increase_bytes)
+          learn(token, count, now, malloc)
+          @last = [count, now, malloc]
+          next if quiet?(count, now, malloc)
+
+          @quiet = nil
+          reading = self.class.reading
+          @policy.observe(reading, allocated_before: token[1].sum)
           valve(reading)
           due = @policy.decide(reading, @profile)
           if due
-            next if gave_up?(reading) && !(due == :major && @policy.is_a?(Policy::NoFullMark))
+            next if gave_up?(reading) && !(due == :major && @no_full_mark)
 
             ran = run(due, reading)
+            reading = self.class.reading
           elsif Counters.hooked? && @policy.decide(reading, @profile, headroom: @hook_headroom)
             # Where Puma's out_of_band hook runs, a GC one request early goes
             # there, while the worker accepts nothing; the hook does not run if
             # the next request is already queued, and then the GC above runs
             # after that request instead, still between requests.
             Counters.defer(self)
+            next
           end
+          quiet(reading)
         end
         ran
       end
@@ -113,18 +170,26 @@ module Memkit
       # Whether a major GC will run once this unit has finished (only the
       # last unit in flight runs one). For the Rack middleware's
       # "connection: close".
-      def major_next?(token)
+      def major_next?(_token)
+        # No major can be due, or nothing at all: no need to take the lock
+        # (this only reads).
+        return false if minor_at_most? || quiet_so_far?
+
         Counters.alone? do
           next false if @profile.empty?
 
           reading = self.class.reading
-          @policy.decide(reading, @profile) == :major && !(@starved_at && capacity(reading) <= @starved_at)
+          due = @policy.decide(reading, @profile)
+          major = due == :major || (due == :minor && @policy.oldmalloc_over?(reading))
+          major && !(@starved_at && capacity(reading) <= @starved_at)
         end
       end
 
       # From Puma's out_of_band hook (via Counters.out_of_band), with no unit
       # in flight: the heap as it is now decides. Returns the GCs run.
       def out_of_band
+        @quiet = nil
+        @last = nil
         reading = self.class.reading
         @policy.observe(reading)
         due = @policy.decide(reading, @profile, headroom: @hook_headroom)
@@ -133,56 +198,102 @@ module Memkit
 
       private
 
-      def allocated
-        if GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
-          (0...(GC::INTERNAL_CONSTANTS[:SIZE_POOL_COUNT] || GC.stat_heap.size)).map do |i|
-            GC.stat_heap(i, :total_allocated_objects)
-          end
-        else
-          [GC.stat(:total_allocated_objects)]
-        end
-      end
-
       # A unit during which a GC ran says nothing about malloc growth (Ruby
       # reset the counter), but its object allocation is still right.
-      def learn(token)
-        count, before, malloc = token
-        reading = self.class.reading
-        stat = reading.fetch(:stat)
-        @policy.observe(reading, allocated_before: before.sum)
-        now = if (heaps = reading[:heaps])
-                heaps.map { |h| h.fetch(:total_allocated_objects) }
-              else
-                [stat.fetch(:total_allocated_objects)]
-              end
-        fresh = now.zip(before).map { |n, was| n - was }
-        grown = stat[:count] == count ? [stat[:malloc_increase_bytes] - malloc, 0].max : nil
-        @profile.record(fresh, grown)
+      def learn(token, count, now, malloc)
+        started, before, malloc_before = token
+        grown = malloc - malloc_before
+        @profile.record_since(now, before, count == started ? (grown.negative? ? 0 : grown) : nil)
         @seen += 1
-        reading
+      end
+
+      # The common case, answered without a reading: after a reading in which
+      # nothing was due (even at the hook's headroom), nothing is due until a
+      # GC runs, the learned profile changes, or the allocation since passes
+      # one of the policy's margins (Policy#margins). Taking the reading
+      # (GC.stat, GC.stat_heap per pool, GC.latest_gc_info as Hashes) after
+      # every request cost 6-17 us a request.
+      def quiet?(count, now, malloc)
+        q = @quiet or return false
+        return false unless count == q.count && @profile.version == q.version
+        # Ruby may ask for a major at the end of a lazy sweep, with no GC run.
+        return false if @no_full_mark && GC.latest_gc_info(:need_major_by)
+
+        q.margins.holds?(now, q.base, malloc - q.malloc)
+      end
+
+      # #quiet? for the middleware, mid-request: the objects allocated in all
+      # pools since the reading, against the smallest pool margin (one call,
+      # not one per pool), and per pool only where that is not enough.
+      def quiet_so_far?
+        q = @quiet or return false
+        count = GC.count
+        return false unless count == q.count && @profile.version == q.version
+        return false if @no_full_mark && GC.latest_gc_info(:need_major_by)
+
+        malloc = GC.stat(:malloc_increase_bytes)
+        least = q.margins.least
+        if least.nil? || GC.stat(:total_allocated_objects) - q.total > least
+          return quiet?(count, Collector.allocated, malloc)
+        end
+
+        (m = q.margins.malloc).nil? || malloc - q.malloc <= m
+      end
+
+      # Whether the GC the next unit's end may run is a minor at most: the
+      # kind Policy#kind answered at the last reading, with no GC run since
+      # and oldmalloc still short of its limit.
+      def minor_at_most?
+        q = @quiet or return false
+        return false unless q.minor && GC.count == q.count
+        return false if @no_full_mark && GC.latest_gc_info(:need_major_by)
+
+        GC.stat(:malloc_increase_bytes) - q.malloc <= q.oldmalloc_room
+      end
+
+      # Remembers, from a reading with nothing due, how far the quiet
+      # stretch goes.
+      def quiet(reading)
+        margins = @policy.margins(reading, @profile, headroom: @hook_headroom)
+        return @quiet = nil unless margins
+
+        stat = reading.fetch(:stat)
+        base = if (heaps = reading[:heaps])
+                 heaps.map { |h| h.fetch(:total_allocated_objects) }
+               else
+                 [stat.fetch(:total_allocated_objects)]
+               end
+        @quiet = Quiet.new(stat.fetch(:count), base, stat.fetch(:total_allocated_objects),
+                           stat.fetch(:malloc_increase_bytes), margins, @profile.version,
+                           @policy.kind(reading) == :minor,
+                           stat.fetch(:oldmalloc_increase_bytes_limit) - stat.fetch(:oldmalloc_increase_bytes))
       end
 
       # Returns how many GCs it ran.
       def run(kind, reading)
         runs = 1
-        collect(kind, reading)
+        lazy = @policy.sweep_lazily?(reading, @profile)
+        collect(kind, reading, lazy)
         after = self.class.reading
         # A minor GC that leaves less than the minimum free share of the heap
         # makes Ruby's next GC a major one: better now than in the next request.
         if kind == :minor && @policy.major_next?(after)
-          collect(:major, after)
+          collect(:major, after, lazy)
           runs += 1
           after = self.class.reading
         end
-        size(after)
-        starve(self.class.reading)
+        # Mid-sweep, only a policy that reads the mark knows what is free.
+        if !lazy || @policy.lazy_sweep?
+          size(after)
+          starve(self.class.reading)
+        end
         runs
       end
 
-      def collect(kind, reading)
-        @policy.collecting(reading)
+      def collect(kind, reading, lazy)
+        @policy.collecting(reading, kind)
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-        GC.start(full_mark: kind == :major, immediate_sweep: !@policy.lazy_sweep?)
+        GC.start(full_mark: kind == :major, immediate_sweep: !lazy)
         Counters.record(kind == :major, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
         @policy.collected(kind, self.class.reading)
       end
@@ -191,7 +302,12 @@ module Memkit
       # (bounded by max_heap_growth), and record what the heap costs and
       # what to set at boot for it.
       def size(reading)
-        short = @policy.shortfall(reading, @profile, cover: @cover)
+        unless @bounded
+          @bounded = true
+          rss = HeapGrowth.rss_bytes
+          @growth.bound((rss * RSS_SHARE).to_i) if rss
+        end
+        short = @policy.shortfall(reading, @profile, cover: @cover, want: @want)
         if short.any?(&:positive?) && @growth.budget.positive? && !@refused &&
            (@grown_at.nil? || @seen - @grown_at >= @regrow_after)
           @grown_at = @seen
@@ -201,7 +317,7 @@ module Memkit
           @policy.collected(:major, after)
           # Each attempt costs major GCs: one that won Ruby over less than
           # half the slots asked for is not repeated in this process.
-          still = @policy.shortfall(after, @profile, cover: @cover)
+          still = @policy.shortfall(after, @profile, cover: @cover, want: @want)
           @refused = still.sum > short.sum / 2
         end
         Counters.update(heap_slots: GC.stat(:heap_available_slots), heap_bytes: HeapGrowth.page_bytes,
@@ -271,7 +387,7 @@ module Memkit
       # Ruby 3.4+: no major GC of Ruby's own while serving (GC.config is
       # per process; set in each worker at its first unit of work).
       def full_mark_off
-        return unless @policy.is_a?(Policy::NoFullMark) && @full_mark_off != Process.pid
+        return if @full_mark_off == Process.pid
 
         @full_mark_off = Process.pid
         GC.config(rgengc_allow_full_mark: false)

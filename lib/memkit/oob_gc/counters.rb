@@ -8,7 +8,8 @@ module Memkit
     # watched: GC runs left to Ruby because OobGC had given up (see gave_up).
     # grow_runs: times the heap was grown at run time; heap_grown_bytes: the
     #   object pages that added (RSS), bounded by max_heap_growth.
-    # heap_slots: the heap's slots now; heap_bytes: its object pages.
+    # heap_slots: the heap's slots now; heap_bytes: its object pages, with
+    #   those Ruby will add as allocation needs them.
     # gave_up: why OobGC cannot keep GC out of requests, or nil.
     # boot_env: RUBY_GC_* values that would give this worker's heap the size
     #   OobGC wants from the start (Ruby reads them only at boot).
@@ -39,7 +40,8 @@ module Memkit
       @lock = Monitor.new
       @stats = Stats.new(**ZERO)
       @in_flight = 0
-      @mark = nil
+      @mark = nil       # GC.count when the process last became busy
+      @mark_major = nil # and major_gc_count
       @hook_pid = nil # the process where Puma's out_of_band hook has run
       @pending = nil  # the collector that has a GC due, for that hook
       @gave_up = false
@@ -60,7 +62,10 @@ module Memkit
         # between ran inside requests.
         def enter
           @lock.synchronize do
-            @mark = [GC.stat(:minor_gc_count), GC.stat(:major_gc_count)] if @in_flight.zero?
+            if @in_flight.zero?
+              @mark = GC.count
+              @mark_major = GC.stat(:major_gc_count)
+            end
             @in_flight += 1
           end
         end
@@ -73,12 +78,11 @@ module Memkit
             @stats.requests += 1
             next unless @in_flight.zero?
 
-            if @mark
-              minor = GC.stat(:minor_gc_count) - @mark[0]
-              major = GC.stat(:major_gc_count) - @mark[1]
-              @stats.inside_minor += minor
+            if @mark && (runs = GC.count - @mark).positive?
+              major = GC.stat(:major_gc_count) - @mark_major
+              @stats.inside_minor += runs - major
               @stats.inside_major += major
-              @stats.watched += minor + major if @stats.gave_up
+              @stats.watched += runs if @stats.gave_up
             end
             yield if block_given?
           end

@@ -19,6 +19,9 @@ module Memkit
       # Ruby's GC_HEAP_FREE_SLOTS_MIN_RATIO default: a GC that leaves less of
       # the heap free than this makes the next GC a major (or grows the heap).
       MIN_FREE_RATIO = 0.20
+      # The largest share of the heap growth leaves free after a GC: under
+      # Ruby's GC_HEAP_FREE_SLOTS_MAX_RATIO (0.65), where it gives pages back.
+      MAX_FREE_SHARE = 0.6
       # Ruby's GC_MALLOC_LIMIT_MAX default.
       MALLOC_LIMIT_MAX = 32 << 20
       # Slots kept free beyond the learned request: what the server itself
@@ -46,8 +49,35 @@ module Memkit
 
       def name = self.class.name.split("::").last
 
-      # Whether this model sweeps lazily after an out-of-band GC (see OneHeap).
+      # Slot size per pool where the pools draw on one shared count of
+      # allocatable slots (Ruby 3.4) and some remain, else nil.
+      def shared_slot_sizes(reading)
+        heaps = reading[:heaps]
+        return unless heaps && reading.fetch(:stat).fetch(:heap_allocatable_slots, 0).positive?
+
+        heaps.map { |h| h.fetch(:slot_size, SizePools::BASE_SLOT_SIZE) }
+      end
+
+      # Whether #free is right while a lazy sweep is under way (see OneHeap).
       def lazy_sweep? = false
+
+      # Whether the out-of-band GC about to run leaves its sweep to the next
+      # allocations, as Ruby's own GCs do. Always where #free reads the mark;
+      # elsewhere when the GC is due for malloc'd bytes while the pools hold
+      # several more requests. Swept at once, a GC frees the garbage's
+      # malloc'd memory inside itself, before Ruby counts it against the
+      # malloc growth since that GC; swept lazily, the frees come after and
+      # offset the next requests' mallocs, as they do under Ruby alone
+      # (bench/oobgc_shapes.rb "malloc": 248 GCs swept at once, where Ruby
+      # alone ran 64). Mid-sweep, #free counts the unswept garbage as live:
+      # it errs low, towards collecting early, never late.
+      def sweep_lazily?(reading, profile)
+        lazy_sweep? || (!profile.empty? && !pools_short?(reading, profile.objects, @headroom + LAZY_REQUESTS))
+      end
+
+      # Requests' worth of free slots beyond the headroom that let a malloc
+      # GC sweep lazily.
+      LAZY_REQUESTS = 3
 
       # Called with each reading taken after a request; `allocated_before`
       # is total_allocated_objects when that request started.
@@ -62,7 +92,84 @@ module Memkit
         short = pools_short?(reading, profile.objects, headroom) || malloc_short?(reading, profile.malloc, headroom)
         return unless short
 
+        kind(reading)
+      end
+
+      # The GC #decide answers once one is due, as the heap stands: it moves
+      # only when a GC runs, and with oldmalloc (see #oldmalloc_over?).
+      def kind(reading)
         major_pending?(reading) || minor_would_fill?(reading) ? :major : :minor
+      end
+
+      # How much may still be allocated before #decide (at `headroom`) can
+      # answer anything but nil: objects per pool and malloc'd bytes (nil: no
+      # bound). Until a GC runs, what #decide reads moves only with
+      # allocation (free slots fall and malloc counters rise by what is
+      # allocated), so the collector takes no reading while the allocation
+      # since this one stays within these. nil if something is due now.
+      def margins(reading, profile, headroom: @headroom)
+        return Margins.new([], nil) if profile.empty?
+        return if decide(reading, profile, headroom: headroom)
+
+        objects = profile.objects
+        pools = free(reading).each_with_index.map do |f, i|
+          need = objects.fetch(i, 0)
+          f - ((need * headroom) + [SLACK, need].min).ceil if need.positive?
+        end
+        Margins.new(pools, malloc_margin(reading, profile.malloc, headroom), slot_sizes: shared_slot_sizes(reading))
+      end
+
+      # What #margins answers: how much may be allocated, objects per pool
+      # and malloc'd bytes (nil: no bound), before #decide can answer
+      # anything but nil.
+      class Margins
+        # Ruby 3.4's pools take new pages from one shared count of allocatable
+        # slots, which #free counts in every pool: a page one pool takes is
+        # room the others lose. Where that holds (`slot_sizes` given), each
+        # pool's margin is charged the bytes the other pools allocated too, and
+        # a page's worth per pool for pages taken but not yet filled.
+        PAGE_BYTES = 64 << 10
+
+        attr_reader :objects, :slot_sizes
+        attr_accessor :malloc
+
+        def initialize(objects, malloc, slot_sizes: nil)
+          @objects = objects
+          @malloc = malloc
+          @slot_sizes = slot_sizes
+        end
+
+        # The smallest pool margin, a bound on all allocation together; nil
+        # where pools share pages (no such bound) or none is bounded.
+        def least = @slot_sizes ? nil : @objects.compact.min
+
+        # Whether nothing can be due yet, with `now` and `base` the objects
+        # allocated per pool now and at the reading, and `malloc` the bytes
+        # malloc'd since.
+        def holds?(now, base, malloc)
+          return false if @malloc && malloc > @malloc
+
+          sizes = @slot_sizes
+          bytes = 0
+          if sizes
+            i = 0
+            while i < sizes.size
+              bytes += (now[i] - base[i]) * sizes[i]
+              i += 1
+            end
+            bytes += PAGE_BYTES * (sizes.size - 1)
+          end
+          i = 0
+          while i < @objects.size
+            if (margin = @objects[i])
+              own = now[i] - base[i]
+              charged = sizes ? own + ((bytes - (own * sizes[i])) / sizes[i]) : own
+              return false if charged > margin
+            end
+            i += 1
+          end
+          true
+        end
       end
 
       # Slots each pool lacks, as the heap stands, to hold `cover` requests,
@@ -70,11 +177,22 @@ module Memkit
       # `balance`): where a small size pool runs dry after a few requests
       # while the main one holds many, the small one decides how often GC
       # runs, and growing it costs little.
-      def shortfall(reading, profile, cover:, balance: 16)
+      #
+      # `want` requests (more than `cover`, which must fit) only up to where
+      # Ruby would give the pages back: a GC that finds more than 65% of the
+      # heap free (GC_HEAP_FREE_SLOTS_MAX_RATIO) frees pages down to that
+      # share, so a heap grown past it shrinks at the next GC and growing it
+      # again costs major GCs.
+      def shortfall(reading, profile, cover:, want: cover, balance: 16)
         free = free(reading)
         objects = profile.objects
         main = objects.each_with_index.max_by(&:first)&.last
         held = main && objects[main].positive? ? free.fetch(main, 0).fdiv(objects[main]) : 0
+        per_request = objects.sum
+        if want > cover && per_request.positive?
+          room = live(reading) * MAX_FREE_SHARE / (1 - MAX_FREE_SHARE)
+          cover = [cover, [want, room.fdiv(per_request)].min].max
+        end
         target = [cover, [held, balance].min].max
         free.each_with_index.map do |f, i|
           want = (objects.fetch(i, 0) * target).ceil
@@ -87,14 +205,26 @@ module Memkit
         free(reading).each_with_index.any? { |f, i| f < profile.objects.fetch(i, 0) }
       end
 
-      # After a minor GC: whether Ruby has made the next GC a major one.
+      # After a minor GC: whether Ruby has made the next GC a major one
+      # (Ruby 3.1 does not say so for oldmalloc: #collecting saw it).
       def major_next?(reading)
-        !reading.fetch(:info)[:need_major_by].nil?
+        !reading.fetch(:info)[:need_major_by].nil? || @oldmalloc_over == true
+      end
+
+      # Whether oldmalloc is past its limit: the next minor GC will raise the
+      # limit and ask for a major, which then runs at once (see #major_pending?).
+      def oldmalloc_over?(reading)
+        stat = reading.fetch(:stat)
+        stat.fetch(:oldmalloc_increase_bytes) > stat.fetch(:oldmalloc_increase_bytes_limit)
       end
 
       # Free slots per pool, counting the pages Ruby may still add without
       # collecting first.
       def free(reading) = raise(NotImplementedError)
+
+      # Slots holding live objects, all pools together (an overestimate
+      # mid-sweep: the garbage not yet swept counts).
+      def live(reading) = raise(NotImplementedError)
 
       # Whether Ruby has decided the next GC will be major, so the
       # out-of-band one must be too.
@@ -105,19 +235,26 @@ module Memkit
         return true if stat.fetch(:old_objects) >= stat.fetch(:old_objects_limit)
 
         limit = stat.fetch(:remembered_wb_unprotected_objects_limit, 0)
-        return true if limit.positive? && stat.fetch(:remembered_wb_unprotected_objects) >= limit
-
-        # Ruby compares oldmalloc with its limit only when a GC starts (it
-        # never starts one for oldmalloc alone). Running the major before the
-        # limit is crossed would hide the overrun from Ruby, which then
-        # shrinks the limit, and majors come ever more often.
-        stat.fetch(:oldmalloc_increase_bytes) > stat.fetch(:oldmalloc_increase_bytes_limit)
+        limit.positive? && stat.fetch(:remembered_wb_unprotected_objects) >= limit
       end
+      # Not oldmalloc past its limit: Ruby looks at oldmalloc only at the end
+      # of a minor GC (gc_reset_malloc_info), where an overrun raises the
+      # limit by 1.2x (to RUBY_GC_OLDMALLOC_LIMIT_MAX) and asks for a major,
+      # while a major it did not ask for lowers the limit by 2%. A major run
+      # here for the overrun would be one Ruby did not ask for: the limit
+      # would stay at its minimum and majors follow most requests of an app
+      # that mallocs megabytes (bench/oobgc_shapes.rb "malloc": 205 majors in
+      # 600 requests where Ruby ran 9). So the GC due runs as a minor, Ruby
+      # raises the limit and asks, and the collector runs the major it asked
+      # for right after, in the same pause (#major_next?).
 
       def minor_would_fill?(_reading) = false
 
-      # Told the heap as it stands just before this process collects.
-      def collecting(_reading); end
+      # Told the heap as it stands just before this process collects (kind:
+      # :minor or :major).
+      def collecting(reading, kind = :minor)
+        @oldmalloc_over = kind == :minor && oldmalloc_over?(reading)
+      end
 
       private
 
@@ -138,11 +275,17 @@ module Memkit
       # the limit is low the overrun is left to Ruby, which raises it; from
       # 60% of the maximum on, the GC runs between requests.
       def malloc_short?(reading, malloc, headroom)
+        margin = malloc_margin(reading, malloc, headroom)
+        !margin.nil? && margin.negative?
+      end
+
+      # Bytes that may still be malloc'd before #decide answers otherwise.
+      def malloc_margin(reading, malloc, headroom)
         stat = reading.fetch(:stat)
         limit = stat.fetch(:malloc_increase_bytes_limit)
-        return false if limit < @malloc_limit_max * 0.6
+        return if limit < @malloc_limit_max * 0.6
 
-        stat.fetch(:malloc_increase_bytes) + (malloc * headroom) > limit
+        limit - stat.fetch(:malloc_increase_bytes) - (malloc * headroom).ceil
       end
     end
   end

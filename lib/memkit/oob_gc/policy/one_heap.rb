@@ -50,8 +50,15 @@ module Memkit
         # The collector tells the policy the old objects before it collects:
         # a minor keeps them all, and about as many young ones as the last
         # minor kept.
-        def collecting(reading)
+        def collecting(reading, kind = :minor)
+          super
           @old_before = reading.fetch(:stat).fetch(:old_objects)
+        end
+
+        # Mid-sweep, what the mark kept.
+        def live(reading)
+          stat = reading.fetch(:stat)
+          reading.fetch(:info)[:state] == :sweeping ? stat.fetch(:heap_marked_slots) : stat.fetch(:heap_live_slots)
         end
 
         def free(reading)
