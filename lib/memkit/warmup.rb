@@ -63,7 +63,8 @@ module Memkit
       #   threshold:      allocations since the last run below which it is a no-op (10_000)
       #   max_gcs:        most GCs spent promoting young objects (8)
       #   promote, coderange, trim: true/false, each step on its own (true)
-      #   fill:           true fills free slots and malloc holes (false: see above)
+      #   fill:           true fills free slots and malloc holes, :malloc only
+      #                   the malloc holes (false: see above)
       #   compact:        true, false, or :auto = where GC.compact exists and
       #                   Process.warmup does not (it compacts itself) (:auto)
       #   process_warmup: true, false or :auto = use Process.warmup where it exists
@@ -127,7 +128,10 @@ module Memkit
         opts = DEFAULTS.merge(options)
         raise InvalidArgument, "warmup requests: given without app:" if opts[:requests] && opts[:app].nil?
         opts[:app_warmup] = App.new(opts[:app], opts[:requests] || ["/"], logger: opts[:logger]) if opts[:app]
-        %i[force promote coderange trim fill].each do |key|
+        unless [true, false, :malloc].include?(opts[:fill])
+          raise InvalidArgument, "warmup fill: must be true, false or :malloc, not #{opts[:fill].inspect}"
+        end
+        %i[force promote coderange trim].each do |key|
           next if [true, false].include?(opts[key])
 
           raise InvalidArgument, "warmup #{key}: must be true or false, not #{opts[key].inspect}"
@@ -189,7 +193,10 @@ module Memkit
           steps << :trim
           bytes_trimmed = trimmed
         end
-        if opts[:fill] && !steps.include?(:touch_up)
+        if opts[:fill] == :malloc && !steps.include?(:touch_up)
+          bytes_filled = fill_malloc_holes
+          steps << :fill_malloc
+        elsif opts[:fill] && !steps.include?(:touch_up)
           slots_filled, bytes_filled = fill(opts[:max_gcs])
           steps << :fill
         end
