@@ -20,8 +20,82 @@
 # child wrote it).
 #
 #   BUNDLE_GEMFILE=bench/rails/Gemfile bundle exec ruby bench/cow_rails_pages.rb MODE [REQUESTS]
+#
+# --server unicorn|puma MODE [REQUESTS]: the same split on a real server
+# (bench/cow_rails.rb boots it; MODE as there), by mapping only (brk heap,
+# anonymous, file, stack), after REQUESTS per worker and a full GC in each.
+#   bundle exec ruby bench/cow_rails_pages.rb --server unicorn memkit 100
 require_relative "cow_rails"
 require "fiddle"
+
+module LivePages
+  module_function
+
+  def frames(pid)
+    out = {}
+    Memkit::Cow.frames(pid).each do |start, _, entries|
+      entries.each_with_index do |v, i|
+        out[start + i * 4096] = v & Memkit::Cow::PFN_MASK if v & Memkit::Cow::PRESENT != 0
+      end
+    end
+    out
+  end
+
+  def kind(ranges, addr)
+    _, _, path = ranges.find { |s, e, _| addr >= s && addr < e }
+    case path
+    when "[heap]" then "brk"
+    when "", nil, /\A\[anon/ then "anon"
+    when /\[stack/ then "stack"
+    else "file"
+    end
+  end
+
+  def run(name, mode, requests)
+    server = CowRails.start(name, mode)
+    CowRails.drive(server, requests) if requests.positive?
+    CowRails.gc_all(server)
+    workers = CowRails.workers_of(server.pid)
+    master = frames(server.pid)
+    children = workers.map { |w| frames(w) }
+    ranges = File.readlines("/proc/#{server.pid}/maps").map do |line|
+      f = line.split(" ", 6)
+      s, e = f[0].split("-").map { |x| x.to_i(16) }
+      [s, e, f[5].to_s.strip]
+    end
+    sharers = Hash.new(0)
+    ([master] + children).each { |f| f.each_value { |pfn| sharers[pfn] += 1 } }
+    mb = ->(pages) { format("%.1f", pages * 4096 / 1e6) }
+    puts "#{name} #{mode}, #{requests} requests per worker and a full GC, ruby #{RUBY_VERSION}"
+    children.each_with_index do |c, k|
+      h = Hash.new(0)
+      c.each { |a, pfn| h[kind(ranges, a)] += 1 if sharers[pfn] == 1 }
+      puts "worker #{k} private MB: #{h.sort.map { |kk, v| "#{kk} #{mb.(v)}" }.join(', ')}; total #{mb.(h.values.sum)}"
+    end
+    why = Hash.new { |hh, kk| hh[kk] = Hash.new(0) }
+    master.each do |a, pfn|
+      next unless sharers[pfn] == 1
+
+      theirs = children.map { |c| c[a] }.compact
+      reason = if theirs.empty? then "no worker maps it"
+               elsif theirs.uniq.size < theirs.size then "the master wrote after fork"
+               else "every worker has its own copy"
+               end
+      why[reason][kind(ranges, a)] += 1
+    end
+    why.each do |reason, h|
+      puts "master private, #{reason}: #{mb.(h.values.sum)} MB (#{h.sort.map { |kk, v| "#{kk} #{mb.(v)}" }.join(', ')})"
+    end
+    puts format("tree pss %.1f MB", Memkit::Tree.read(server.pid).total_pss / 1e6)
+  ensure
+    CowRails.stop(server) if server
+  end
+end
+
+if ARGV[0] == "--server"
+  LivePages.run(ARGV.fetch(1), ARGV.fetch(2), Integer(ARGV.fetch(3, "100")))
+  exit
+end
 ENV["BENCH_RAILS_DB"] ||= CowRails::DB
 Dir.chdir(CowRails::DIR)
 require "rack"
