@@ -25,7 +25,8 @@ class WarmupTest < Minitest::Test
     else
       assert_includes report.steps, :promote
       assert_includes report.steps, :coderange
-      refute_includes report.steps, :fill, "fill runs only when asked for"
+      refute_includes report.steps, :fill, "the object-slot fill runs only when asked for"
+      assert_includes report.steps, :fill_malloc, "memkit's own steps fill the malloc holes by default"
     end
     %i[slots_freed pages_freed].each { |key| assert_kind_of Integer, report[key] }
     assert_kind_of Integer, report.bytes_trimmed
