@@ -24,6 +24,7 @@ plugin :memkit if mode.include?("plugin")
 before_fork { Memkit.warmup } if mode.include?("hook")
 before_fork { Memkit.warmup(fill: false) } if mode.include?("nofill")
 before_fork { Memkit.warmup(fill: true) } if mode.include?("fill")
+before_fork { Memkit.warmup(fill: :malloc) } if mode.include?("mfill")
 before_fork { Process.warmup } if mode.include?("process_warmup")
 if mode.include?("puma_old") # what Puma's nakayoshi_fork option did before it was removed
   before_fork do

@@ -9,6 +9,8 @@
 #   bench/rails/setup                       # once: bundle install + seed the SQLite file
 #   flock /tmp/memkit-bench.lock bundle exec ruby bench/cow_rails.rb \
 #       [--servers unicorn,puma] [--modes plain,nakayoshi,memkit] [--counts 500,2000] [--repeat 1] [--out rows.jsonl]
+#   bundle exec ruby bench/cow_rails.rb --lock /tmp/memkit-bench.lock --counts 2000,10000 ...
+#       # one boot per mode, read at each count; the lock is held at most --hold seconds at a time
 #   bundle exec ruby bench/cow_rails.rb --report rows.jsonl   # the table and ratios of earlier runs
 #
 # --out appends one JSON line per measurement, so that a long matrix can run
@@ -17,7 +19,8 @@
 #
 # Modes (bench/rails/modes.rb): plain, nakayoshi (3.1/3.2 anchor), process_warmup
 # (3.3+ anchor), memkit (app warm-up requests + heap steps), heap (heap steps only),
-# fork (require "memkit/fork"); "+fill"/"+nofill" after a memkit mode.
+# fork (require "memkit/fork"); "+fill"/"+nofill" after a memkit mode; on Puma,
+# "+refork" (fork_worker, memkit's refork policy) or "+count" (fork_worker 1000).
 #
 # The headline is the tree's total PSS (master + workers) and each worker's
 # USS; shared% (of the master) is secondary, with the master's size beside it.
@@ -37,13 +40,29 @@ module CowRails
   DB = ENV.fetch("BENCH_RAILS_DB", File.join(Dir.tmpdir, "memkit-bench-rails.sqlite3"))
   ANCHORS = %w[nakayoshi process_warmup].freeze
 
-  Server = Struct.new(:name, :mode, :pid, :port, :log, keyword_init: true)
+  Server = Struct.new(:name, :mode, :pid, :port, :log, :counts, keyword_init: true)
+
+  WORKERS = 4
 
   module_function
 
   def env_for(mode, port)
     { "BUNDLE_GEMFILE" => File.join(DIR, "Gemfile"), "BENCH_RAILS_DB" => DB, "COW_MEMKIT" => mode,
-      "COW_PORT" => port.to_s, "COW_WORKERS" => "4", "RUBYOPT" => nil, "BUNDLE_BIN_PATH" => nil }
+      "COW_PORT" => port.to_s, "COW_WORKERS" => WORKERS.to_s, "RUBYOPT" => nil, "BUNDLE_BIN_PATH" => nil }
+  end
+
+  # The server's workers: every process below the master (with Puma's
+  # fork_worker, workers 1..3 are worker 0's children).
+  def workers_of(server_pid)
+    children = Memkit::ProcFS.children
+    found = []
+    queue = [server_pid]
+    while (pid = queue.shift)
+      kids = children.fetch(pid, [])
+      found.concat(kids)
+      queue.concat(kids)
+    end
+    found.sort
   end
 
   def start(name, mode, timeout: 180)
@@ -51,9 +70,9 @@ module CowRails
     log = File.join(Dir.tmpdir, "memkit-cow-rails-#{name}-#{port}.log")
     argv = name == "unicorn" ? %w[bundle exec unicorn -c unicorn.rb config.ru] : %w[bundle exec puma -C puma.rb]
     pid = Process.spawn(env_for(mode, port), *argv, chdir: DIR, out: log, err: log, pgroup: true)
-    server = Server.new(name: name, mode: mode, pid: pid, port: port, log: log)
+    server = Server.new(name: name, mode: mode, pid: pid, port: port, log: log, counts: Hash.new(0))
     deadline = now + timeout
-    until Memkit::Cow.children(pid).size == 4 && get(port, "/gc")
+    until workers_of(pid).size == WORKERS && get(port, "/gc")
       if now > deadline || !alive?(pid)
         raise "#{name} (#{mode}) did not boot in #{timeout}s; log #{log}:\n#{File.read(log)[-3000..]}"
       end
@@ -106,15 +125,17 @@ module CowRails
     locale ? "#{base}#{base.include?('?') ? '&' : '?'}#{locale}" : base
   end
 
-  # Sends requests until every worker's app has served `per_worker`; a full
-  # worker answers without the app (X-Limit), so the others catch up.
+  # Sends requests until the workers' apps have served `per_worker` times
+  # the number of workers in all since boot; a worker that served
+  # `per_worker` itself answers without the app (X-Limit), so the others
+  # catch up. Without reforks that is exactly `per_worker` each; with them,
+  # the requests of the workers a refork replaced count too.
   def drive(server, per_worker, clients: 4, timeout: 900)
-    counts = Hash.new(0)
+    counts = server.counts
     lock = Mutex.new
-    seq = 0
+    seq = counts.values.sum
     deadline = now + timeout
-    workers = Memkit::Cow.children(server.pid)
-    done = -> { lock.synchronize { workers.all? { |w| counts[w] >= per_worker } } }
+    done = -> { lock.synchronize { counts.values.sum >= per_worker * WORKERS } }
     Array.new(clients) do
       Thread.new do
         until done.call || now > deadline
@@ -129,27 +150,76 @@ module CowRails
     counts
   end
 
+  # A full GC in every worker: /gc holds its worker for `hold` seconds, so
+  # concurrent calls reach distinct workers. Returns the pids that ran it.
   def gc_all(server, hold: 1.0, timeout: 120)
-    want = Memkit::Cow.children(server.pid)
     seen = {}
     deadline = now + timeout
-    until (want - seen.keys).empty?
+    loop do
+      want = workers_of(server.pid)
+      seen.select! { |pid, _| want.include?(pid) } # a refork replaced it
+      return seen.keys.sort if want.size == WORKERS && (want - seen.keys).empty?
       raise "not every worker ran /gc in #{timeout}s" if now > deadline
 
-      Array.new(want.size) { Thread.new { get(server.port, "/gc?hold=#{hold}") } }.each do |t|
+      Array.new(WORKERS) { Thread.new { get(server.port, "/gc?hold=#{hold}") } }.each do |t|
         pid, = t.value
         seen[pid] = true if pid
       end
     end
   end
 
+  # A refork that starts during the GC round would leave a worker that did
+  # not collect in the tree: read again until the tree is exactly the
+  # workers that ran the GC.
   def measure(server)
-    tree = Memkit::Tree.read(server.pid)
-    master = tree.nodes.find { |n| n.pid == server.pid }
-    workers = tree.nodes.reject { |n| n.pid == server.pid }
-    cow = Memkit::Cow.read(server.pid, workers.map(&:pid))
-    { tree: tree.total_pss, master_pss: master.memory.pss, master_rss: master.memory.rss,
-      uss: workers.map { |n| n.memory.uss }, shared: cow.workers.map(&:shared_pct) }
+    loop do
+      collected = gc_all(server)
+      tree = Memkit::Tree.read(server.pid)
+      next unless tree.nodes.drop(1).map(&:pid).sort == collected
+
+      master = tree.nodes.first
+      workers = tree.nodes.drop(1)
+      cow = Memkit::Cow.read(server.pid, workers.map(&:pid))
+      log = File.read(server.log)
+      return { tree: tree.total_pss, master_pss: master.memory.pss, master_rss: master.memory.rss,
+               uss: workers.map { |n| n.memory.uss }, shared: cow.workers.map(&:shared_pct),
+               reforks: log.scan("Starting worker refork").size }
+    end
+  end
+
+  # Holds an flock on `path` while the server is driven or read, for at
+  # most `hold` seconds at a time (so that no one hold passes the shared
+  # machine's 10 minutes): between steps it lets go, and waits for the lock
+  # again, while the server sits idle. nil path: no locking.
+  class Lock
+    def initialize(path, hold)
+      @file = path && File.open(path, File::RDWR | File::CREAT, 0o644)
+      @hold = hold
+      @since = nil
+    end
+
+    def acquire
+      return if @file.nil? || @since
+
+      @file.flock(File::LOCK_EX)
+      @since = CowRails.now
+    end
+
+    def release
+      return unless @file && @since
+
+      @file.flock(File::LOCK_UN)
+      @since = nil
+    end
+
+    # Lets go if held `hold` seconds already, then takes it again.
+    def breathe
+      return unless @since && CowRails.now - @since > @hold
+
+      release
+      sleep 1
+      acquire
+    end
   end
 
   def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
@@ -166,7 +236,8 @@ module CowRails
   end
 
   def main(argv)
-    opts = { servers: %w[unicorn puma], modes: nil, counts: [500, 2000], repeat: 1, out: nil, report: nil }
+    opts = { servers: %w[unicorn puma], modes: nil, counts: [500, 2000], repeat: 1, out: nil, report: nil,
+             lock: nil, hold: 480, step: 500 }
     OptionParser.new do |o|
       o.on("--servers LIST", Array) { |v| opts[:servers] = v }
       o.on("--modes LIST", Array) { |v| opts[:modes] = v }
@@ -176,6 +247,13 @@ module CowRails
       o.on("--repeat N", Integer) { |v| opts[:repeat] = v }
       o.on("--out FILE", "append each measurement as a JSON line") { |v| opts[:out] = v }
       o.on("--report FILE", "print the table of the measurements in FILE, run nothing") { |v| opts[:report] = v }
+      o.on("--lock FILE", "hold an flock on FILE while booting, driving and reading, --hold seconds at a time") do |v|
+        opts[:lock] = v
+      end
+      o.on("--hold SECONDS", Integer, "longest single hold of --lock (480)") { |v| opts[:hold] = v }
+      o.on("--step N", Integer, "requests per worker between chances to let go of --lock (500)") do |v|
+        opts[:step] = v
+      end
     end.parse!(argv)
     if opts[:report]
       rows = File.readlines(opts[:report]).map { |l| JSON.parse(l, symbolize_names: true) }
@@ -186,24 +264,32 @@ module CowRails
     puts "cow_rails: ruby #{RUBY_VERSION}, 4 workers, requests per worker #{opts[:counts].join(', ')}, " \
          "#{Time.now.utc.strftime('%F %H:%M')} UTC"
     rows = []
+    lock = Lock.new(opts[:lock], opts[:hold])
     opts[:servers].each do |name|
       opts[:modes].each do |mode|
         opts[:repeat].times do
+          lock.acquire
           server = start(name, mode)
           begin
+            done = 0
             opts[:counts].each do |count|
-              drive(server, count)
-              gc_all(server)
+              while done < count
+                done = [done + opts[:step], count].min
+                drive(server, done)
+                lock.breathe
+              end
               m = measure(server)
               row = { server: name, mode: mode, count: count, ruby: RUBY_VERSION, **m }
               rows << row
               File.open(opts[:out], "a") { |f| f.puts(JSON.generate(row)) } if opts[:out]
-              $stderr.puts format("%s %s %d: tree %s MB, master pss %s, worker uss %s (max %s), shared %.1f%%",
-                                  name, mode, count, mb(m[:tree]), mb(m[:master_pss]), mb(mean(m[:uss])), mb(m[:uss].max),
-                                  mean(m[:shared]))
+              $stderr.puts format("%s %s %d: tree %s MB, master pss %s, worker uss %s (max %s), shared %.1f%%, " \
+                                  "reforks %d, %s UTC", name, mode, count, mb(m[:tree]), mb(m[:master_pss]),
+                                  mb(mean(m[:uss])), mb(m[:uss].max), mean(m[:shared]), m[:reforks],
+                                  Time.now.utc.strftime("%H:%M"))
             end
           ensure
             stop(server)
+            lock.release
           end
         end
       end
@@ -214,9 +300,10 @@ module CowRails
   def report(rows)
     cells = rows.sort_by { |r| [r[:server], r[:count]] }.map do |r|
       [r[:server], r[:mode], r[:count], mb(r[:tree]), mb(r[:master_pss]), mb(mean(r[:uss])), mb(r[:uss].max),
-       format("%.1f", mean(r[:shared])), mb(r[:master_rss])]
+       format("%.1f", mean(r[:shared])), mb(r[:master_rss]), r[:reforks].to_i]
     end
-    header = %w[server mode req/worker tree_pss_MB master_pss_MB worker_uss_MB max_uss_MB shared% master_rss_MB]
+    header = %w[server mode req/worker tree_pss_MB master_pss_MB worker_uss_MB max_uss_MB shared% master_rss_MB
+                reforks]
     puts Memkit::CLI.table(header, cells, left: [0, 1])
     rows.group_by { |r| [r[:server], r[:count]] }.each do |(server, count), list|
       tree = ->(mode) { (t = list.select { |r| r[:mode] == mode }).empty? ? nil : mean(t.map { |r| r[:tree] }) }

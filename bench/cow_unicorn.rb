@@ -5,7 +5,7 @@
 # nakayoshi_fork gem, puma_old = 4 minor GCs + GC.compact in before_fork):
 #   none  nothing       hook  before_fork { Memkit.warmup }
 #   nofill  before_fork { Memkit.warmup(fill: false) }   fill  before_fork { Memkit.warmup(fill: true) }
-#   fork  require "memkit/fork"
+#   mfill  before_fork { Memkit.warmup(fill: :malloc) }   fork  require "memkit/fork"
 #   process_warmup  before_fork { Process.warmup } (Ruby 3.3+, the anchor)
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
 require "memkit"
@@ -24,6 +24,8 @@ before_fork do |_server, _worker|
     GC.compact if GC.respond_to?(:compact)
   elsif mode.include?("process_warmup")
     Process.warmup # the anchor on Ruby 3.3+
+  elsif mode.include?("mfill")
+    Memkit.warmup(fill: :malloc)
   elsif mode.include?("fill")
     Memkit.warmup(fill: true)
   elsif mode.include?("nofill")

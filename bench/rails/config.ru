@@ -2,7 +2,8 @@
 
 # rackup file for the bench Rails app, loaded in the master (preload).
 # BenchRails::Probe wraps the app for bench/cow_rails.rb:
-#   every response carries x-worker: "PID COUNT" (requests this worker's app served);
+#   every response carries x-worker: "PID COUNT" (requests this process's app served
+#     since it was forked: a Puma worker reforked from worker 0 starts at 0 again);
 #   a request with x-limit: N to a worker that already served N answers at once,
 #     without the app, and slowly, so that the other workers take the next ones;
 #   GET /gc runs a full GC in the worker that takes it, then holds it busy for
@@ -15,9 +16,14 @@ module BenchRails
     def initialize(app)
       @app = app
       @count = 0
+      @pid = Process.pid
     end
 
     def call(env)
+      if @pid != Process.pid # forked: a worker counts its own requests
+        @pid = Process.pid
+        @count = 0
+      end
       return gc(env) if env["PATH_INFO"] == "/gc"
 
       limit = env["HTTP_X_LIMIT"]&.to_i

@@ -7,7 +7,18 @@ module BenchRails
 
     def parse(spec)
       name, *flags = spec.split("+")
-      { name: name, fill: (true if flags.include?("fill")) || (false if flags.include?("nofill")) }
+      unknown = flags - %w[fill nofill mfill refork count]
+      raise ArgumentError, "unknown COW_MEMKIT flag #{unknown.first.inspect} in #{spec.inspect}" if unknown.any?
+
+      # refork: Puma's fork_worker, reforked when memkit's policy says so
+      # (Memkit::Refork::PumaWatcher); count: fork_worker 1000, Puma's own
+      # request count. Puma only.
+      refork = (:memkit if flags.include?("refork")) || (:count if flags.include?("count"))
+      fill = if flags.include?("mfill") then :malloc # the malloc holes only
+             elsif flags.include?("fill") then true
+             elsif flags.include?("nofill") then false
+             end
+      { name: name, fill: fill, refork: refork }
     end
 
     def at_config(mode)
@@ -34,6 +45,13 @@ module BenchRails
         end
       when "heap" then Memkit.warmup(**options)
       end
+    end
+
+    # In Puma's worker 0 before it forks the workers again: the same
+    # preparation as before the first fork (the app's warm-up requests ran
+    # in the master already and are not sent again).
+    def before_refork(mode)
+      before_fork(mode)
     end
   end
 end

@@ -1,6 +1,11 @@
 # frozen_string_literal: true
 
-# Puma (cluster) config for the bench Rails app; COW_MEMKIT as in unicorn.rb.
+# Puma (cluster) config for the bench Rails app; COW_MEMKIT as in unicorn.rb,
+# plus two flags for reforking (fork_worker: worker 0 forks the others):
+#   MODE+count   fork_worker 1000, Puma's default: one refork when worker 0 has served 1000
+#   MODE+refork  fork_worker 0 and memkit's policy (Memkit::Refork::PumaWatcher, the
+#                watcher `plugin :memkit` starts) sends Puma's refork signal
+# Worker 0 runs the mode's preparation again before each refork.
 require_relative "modes"
 
 mode = BenchRails::Modes.parse(ENV.fetch("COW_MEMKIT", "plain"))
@@ -14,4 +19,25 @@ BenchRails::Modes.at_config(mode)
 
 before_fork do
   BenchRails::Modes.before_fork(mode)
+end
+
+case mode[:refork]
+when :count then fork_worker 1000
+when :memkit
+  fork_worker 0
+  # The watcher `plugin :memkit` starts, without the plugin's own hooks (the
+  # mode's before_fork / before_refork above and below prepare the heap).
+  watcher = nil
+  before_fork do
+    next if watcher
+
+    require "memkit/refork/puma"
+    log = Object.new
+    def log.log(line) = $stderr.puts(line)
+    watcher = Memkit::Refork::PumaWatcher.new(log: log).start
+  end
+end
+if mode[:refork]
+  refork_hook = respond_to?(:before_refork) ? :before_refork : :on_refork
+  public_send(refork_hook) { BenchRails::Modes.before_refork(mode) }
 end

@@ -11,6 +11,7 @@
 require_relative "modes"
 
 mode = BenchRails::Modes.parse(ENV.fetch("COW_MEMKIT", "plain"))
+raise ArgumentError, "COW_MEMKIT #{ENV['COW_MEMKIT']}: Unicorn does not refork" if mode[:refork]
 worker_processes Integer(ENV.fetch("COW_WORKERS", "4"))
 listen "127.0.0.1:#{ENV.fetch('COW_PORT', '8080')}"
 preload_app true

@@ -19,13 +19,19 @@ module Memkit
   #   copying each such page; GC.compact packs survivors into fewer pages.
   # - trim: glibc keeps freed chunks inside pages the child shares and hands
   #   them out again; malloc_trim(0) returns whole free pages to the kernel.
-  # - fill (off by default): what trim cannot return (free slots, chunks
-  #   smaller than a page) is filled with objects and chunks that stay, so
-  #   the child allocates in fresh pages instead of copying the parent's.
-  #   It raises the share of the master each worker keeps, but the workers
-  #   then grow fresh pages instead of reusing the holes: on the Rails bench
-  #   app (3.1, Unicorn) it left the tree 1.12x larger, while it paid on the
-  #   synthetic app shape (docs/BENCHMARKS.md). So it runs only on request.
+  # - fill malloc holes (fill: :malloc, the default where memkit runs its own
+  #   steps): glibc gives a process's main thread the main arena, the brk
+  #   heap the master booted in, full of free chunks in pages every child
+  #   shares. A child serving requests on its main thread (Unicorn, Resque,
+  #   Pitchfork) mallocs into those holes and copies each page. Filling them
+  #   with chunks that stay sends its mallocs to fresh memory instead: on the
+  #   Rails bench app (3.1, Unicorn) the tree 0.87x of the same steps without
+  #   it (bench/notes/cow.md). Puma serves on pool threads, whose arenas are
+  #   their own, so there it changes little.
+  # - fill object slots too (fill: true): what compaction leaves free is
+  #   filled with objects that stay. The workers then grow fresh heap pages
+  #   instead of reusing the slots: on the Rails bench app it left the tree
+  #   1.12x larger. So it runs only on request.
   #
   # Where Process.warmup exists (Ruby 3.3+) it does promote, compact, free
   # empty pages, coderange and malloc_trim in C; memkit calls it instead, so
@@ -38,7 +44,7 @@ module Memkit
   # can both call it before the same fork without doing the work twice.
   module Warmup
     DEFAULTS = { force: false, threshold: 10_000, max_gcs: 8, promote: true, coderange: true,
-                 compact: :auto, trim: true, fill: false, process_warmup: :auto,
+                 compact: :auto, trim: true, fill: :auto, process_warmup: :auto,
                  app: nil, requests: nil, logger: nil }.freeze
 
     # What a run did. Durations in seconds, sizes in bytes.
@@ -63,7 +69,9 @@ module Memkit
       #   threshold:      allocations since the last run below which it is a no-op (10_000)
       #   max_gcs:        most GCs spent promoting young objects (8)
       #   promote, coderange, trim: true/false, each step on its own (true)
-      #   fill:           true fills free slots and malloc holes (false: see above)
+      #   fill:           :malloc fills the malloc arena's holes, true also every
+      #                   free object slot, false neither; :auto = :malloc where
+      #                   memkit runs its own steps, false after Process.warmup (:auto)
       #   compact:        true, false, or :auto = where GC.compact exists and
       #                   Process.warmup does not (it compacts itself) (:auto)
       #   process_warmup: true, false or :auto = use Process.warmup where it exists
@@ -127,7 +135,10 @@ module Memkit
         opts = DEFAULTS.merge(options)
         raise InvalidArgument, "warmup requests: given without app:" if opts[:requests] && opts[:app].nil?
         opts[:app_warmup] = App.new(opts[:app], opts[:requests] || ["/"], logger: opts[:logger]) if opts[:app]
-        %i[force promote coderange trim fill].each do |key|
+        unless [true, false, :malloc, :auto].include?(opts[:fill])
+          raise InvalidArgument, "warmup fill: must be true, false, :malloc or :auto, not #{opts[:fill].inspect}"
+        end
+        %i[force promote coderange trim].each do |key|
           next if [true, false].include?(opts[key])
 
           raise InvalidArgument, "warmup #{key}: must be true or false, not #{opts[key].inspect}"
@@ -189,7 +200,11 @@ module Memkit
           steps << :trim
           bytes_trimmed = trimmed
         end
-        if opts[:fill] && !steps.include?(:touch_up)
+        fill_mode = opts[:fill] == :auto ? (:malloc unless steps.include?(:process_warmup)) : opts[:fill]
+        if fill_mode == :malloc && !steps.include?(:touch_up)
+          bytes_filled = fill_malloc_holes
+          steps << :fill_malloc
+        elsif fill_mode && !steps.include?(:touch_up)
           slots_filled, bytes_filled = fill(opts[:max_gcs])
           steps << :fill
         end

@@ -25,7 +25,8 @@ class WarmupTest < Minitest::Test
     else
       assert_includes report.steps, :promote
       assert_includes report.steps, :coderange
-      refute_includes report.steps, :fill, "fill runs only when asked for"
+      refute_includes report.steps, :fill, "the object-slot fill runs only when asked for"
+      assert_includes report.steps, :fill_malloc, "memkit's own steps fill the malloc holes by default"
     end
     %i[slots_freed pages_freed].each { |key| assert_kind_of Integer, report[key] }
     assert_kind_of Integer, report.bytes_trimmed
@@ -89,6 +90,30 @@ class WarmupTest < Minitest::Test
     refute_includes Memkit.warmup(force: true).steps, :fill
   end
 
+  # fill: :malloc fills only the malloc arena's free chunks: what a child
+  # forked afterwards would otherwise malloc into, copying the page each sits in.
+  def test_fill_malloc_fills_the_arenas_holes_and_no_object_slots
+    report = Memkit.warmup(force: true, fill: :malloc)
+    assert_includes report.steps, :fill_malloc
+    refute_includes report.steps, :fill
+    assert_equal 0, report.slots_filled
+    assert_kind_of Integer, report.bytes_filled
+    skip "no glibc mallinfo2 here: nothing to fill" unless Memkit::Libc.malloc_trim? && Memkit::Libc.mallinfo2
+
+    holes = lambda do
+      info = Memkit::Libc.mallinfo2
+      info.fordblks - info.keepcost # free bytes outside the top chunk
+    end
+    # Holes of many sizes: every other string of a set freed.
+    strings = Array.new(4_000) { |i| "x" * (100 + (i % 50) * 40) }
+    strings.each_index { |i| strings[i] = nil if i.odd? }
+    GC.start(full_mark: true, immediate_sweep: true)
+    before = holes.call
+    Memkit.warmup(force: true, process_warmup: false, compact: false, trim: false, fill: :malloc)
+    after = holes.call
+    assert after < before / 2, "free bytes outside the top chunk: #{before} before the fill, #{after} after"
+  end
+
   def test_compact_and_trim_where_available
     skip "no GC.compact on this Ruby" unless GC.respond_to?(:compact)
 
@@ -101,7 +126,8 @@ class WarmupTest < Minitest::Test
   end
 
   def test_invalid_options_raise_invalid_argument
-    [{ speed: 1 }, { force: "yes" }, { threshold: -1 }, { max_gcs: 1.5 }, { compact: :maybe }].each do |opts|
+    [{ speed: 1 }, { force: "yes" }, { threshold: -1 }, { max_gcs: 1.5 }, { compact: :maybe },
+     { fill: :objects }].each do |opts|
       error = assert_raises(Memkit::InvalidArgument, opts.inspect) { Memkit.warmup(**opts) }
       assert_match(/#{opts.keys.first}/, error.message)
     end
