@@ -26,7 +26,7 @@ module Memkit
   #   Pitchfork) mallocs into those holes and copies each page. Filling them
   #   with chunks that stay sends its mallocs to fresh memory instead: on the
   #   Rails bench app (3.1, Unicorn) the tree 0.87x of the same steps without
-  #   it (bench/notes/cow.md). Puma serves on pool threads, whose arenas are
+  #   it (docs/BENCHMARKS.md). Puma serves on pool threads, whose arenas are
   #   their own, so there it changes little.
   # - fill object slots too (fill: true): what compaction leaves free is
   #   filled with objects that stay. The workers then grow fresh heap pages
