@@ -7,13 +7,27 @@ class OobGCProfileTest < Minitest::Test
   Profile = Memkit::OobGC::Profile
 
   def test_a_high_percentile_not_the_mean_nor_the_max
-    profile = Profile.new(window: 100, percentile: 0.95)
+    profile = Profile.new(window: 200, percentile: 0.95)
     (1..100).to_a.shuffle(random: Random.new(1)).each { |n| profile.record([n * 1_000, n], n * 10) }
+    16.times { profile.record([50_000, 50], 500) } # the figures are taken again every 16 requests
     assert_equal [95_000, 95], profile.objects
     assert_equal 950, profile.malloc
     # One huge request moves the percentile by one step, not to itself.
     profile.record([10_000_000, 0], 0)
+    15.times { profile.record([50_000, 50], 500) }
     assert_operator profile.objects[0], :<=, 96_000
+  end
+
+  # The collector keeps a decision for as long as the figures it came from.
+  def test_version_moves_only_when_the_figures_do
+    profile = Profile.new(window: 50)
+    50.times { profile.record([1_000, 10], 100) }
+    version = profile.version
+    64.times { profile.record([1_000, 10], 100) }
+    assert_equal version, profile.version
+    16.times { profile.record([9_000, 10], 100) }
+    refute_equal version, profile.version
+    assert_equal [9_000, 10], profile.objects
   end
 
   def test_forgets_requests_older_than_the_window

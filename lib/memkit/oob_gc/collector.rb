@@ -26,12 +26,25 @@ module Memkit
       DEFAULTS = { headroom: 1.1, percentile: 0.95, window: 200, max_heap_growth: 64 << 20, regrow_after: 100,
                    full_mark: :auto }.freeze
 
+      # Ruby's size pools, found once: nil where Ruby has one heap (3.1).
+      POOLS = if GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
+                (0...(GC::INTERNAL_CONSTANTS[:SIZE_POOL_COUNT] || GC::INTERNAL_CONSTANTS[:HEAP_COUNT] ||
+                      GC.stat_heap.size)).to_a.freeze
+              end
+
       # A reading of the heap, as the policies take it.
       def self.reading
-        heaps = if GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
-                  (0...(GC::INTERNAL_CONSTANTS[:SIZE_POOL_COUNT] || GC.stat_heap.size)).map { |i| GC.stat_heap(i) }
-                end
-        { stat: GC.stat, heaps: heaps, info: GC.latest_gc_info }
+        { stat: GC.stat, heaps: POOLS&.map { |i| GC.stat_heap(i) }, info: GC.latest_gc_info }
+      end
+
+      # Objects allocated so far, per pool: one single-key GC.stat call each
+      # (a full GC.stat Hash costs ten times more).
+      def self.allocated
+        if POOLS
+          POOLS.map { |i| GC.stat_heap(i, :total_allocated_objects) }
+        else
+          [GC.stat(:total_allocated_objects)]
+        end
       end
 
       attr_reader :policy, :profile
@@ -76,6 +89,8 @@ module Memkit
         @seen = 0 # units of work finished
         @grown_at = nil # @seen when the heap was last grown
         @full_mark_off = nil # pid where GC.config(rgengc_allow_full_mark: false) was set
+        @no_full_mark = @policy.is_a?(Policy::NoFullMark)
+        @quiet = nil # see #quiet
         OutOfBand.register(:oob_gc, order: 50) { OobGC.out_of_band }
         Counters.update(policy: @policy.name)
       end
@@ -83,8 +98,8 @@ module Memkit
       # A unit of work starts. Returns the token to give #finished.
       def started
         Counters.enter
-        full_mark_off
-        [GC.count, allocated, GC.stat(:malloc_increase_bytes)]
+        full_mark_off if @no_full_mark
+        [GC.count, Collector.allocated, GC.stat(:malloc_increase_bytes)]
       end
 
       # The unit's result has gone out. Returns the GCs run now (0 if none,
@@ -92,20 +107,31 @@ module Memkit
       def finished(token)
         ran = 0
         Counters.leave do
-          reading = learn(token)
+          count = GC.count
+          now = Collector.allocated
+          malloc = GC.stat(:malloc_increase_bytes)
+          learn(token, count, now, malloc)
+          next if quiet?(count, now, malloc)
+
+          @quiet = nil
+          reading = self.class.reading
+          @policy.observe(reading, allocated_before: token[1].sum)
           valve(reading)
           due = @policy.decide(reading, @profile)
           if due
-            next if gave_up?(reading) && !(due == :major && @policy.is_a?(Policy::NoFullMark))
+            next if gave_up?(reading) && !(due == :major && @no_full_mark)
 
             ran = run(due, reading)
+            reading = self.class.reading
           elsif Counters.hooked? && @policy.decide(reading, @profile, headroom: @hook_headroom)
             # Where Puma's out_of_band hook runs, a GC one request early goes
             # there, while the worker accepts nothing; the hook does not run if
             # the next request is already queued, and then the GC above runs
             # after that request instead, still between requests.
             Counters.defer(self)
+            next
           end
+          quiet(reading)
         end
         ran
       end
@@ -113,18 +139,21 @@ module Memkit
       # Whether a major GC will run once this unit has finished (only the
       # last unit in flight runs one). For the Rack middleware's
       # "connection: close".
-      def major_next?(token)
+      def major_next?(_token)
         Counters.alone? do
-          next false if @profile.empty?
+          next false if @profile.empty? || quiet_so_far?
 
           reading = self.class.reading
-          @policy.decide(reading, @profile) == :major && !(@starved_at && capacity(reading) <= @starved_at)
+          due = @policy.decide(reading, @profile)
+          major = due == :major || (due == :minor && @policy.oldmalloc_over?(reading))
+          major && !(@starved_at && capacity(reading) <= @starved_at)
         end
       end
 
       # From Puma's out_of_band hook (via Counters.out_of_band), with no unit
       # in flight: the heap as it is now decides. Returns the GCs run.
       def out_of_band
+        @quiet = nil
         reading = self.class.reading
         @policy.observe(reading)
         due = @policy.decide(reading, @profile, headroom: @hook_headroom)
@@ -133,56 +162,101 @@ module Memkit
 
       private
 
-      def allocated
-        if GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
-          (0...(GC::INTERNAL_CONSTANTS[:SIZE_POOL_COUNT] || GC.stat_heap.size)).map do |i|
-            GC.stat_heap(i, :total_allocated_objects)
-          end
-        else
-          [GC.stat(:total_allocated_objects)]
-        end
-      end
-
       # A unit during which a GC ran says nothing about malloc growth (Ruby
       # reset the counter), but its object allocation is still right.
-      def learn(token)
-        count, before, malloc = token
-        reading = self.class.reading
-        stat = reading.fetch(:stat)
-        @policy.observe(reading, allocated_before: before.sum)
-        now = if (heaps = reading[:heaps])
-                heaps.map { |h| h.fetch(:total_allocated_objects) }
-              else
-                [stat.fetch(:total_allocated_objects)]
-              end
-        fresh = now.zip(before).map { |n, was| n - was }
-        grown = stat[:count] == count ? [stat[:malloc_increase_bytes] - malloc, 0].max : nil
-        @profile.record(fresh, grown)
+      def learn(token, count, now, malloc)
+        started, before, malloc_before = token
+        fresh = Array.new(now.size)
+        i = 0
+        while i < now.size
+          fresh[i] = now[i] - before[i]
+          i += 1
+        end
+        grown = malloc - malloc_before
+        @profile.record(fresh, count == started ? (grown.negative? ? 0 : grown) : nil)
         @seen += 1
-        reading
+      end
+
+      # The common case, answered without a reading: after a reading in which
+      # nothing was due (even at the hook's headroom), nothing is due until a
+      # GC runs, the learned profile changes, or the allocation since passes
+      # one of the policy's margins (Policy#margins). Taking the reading
+      # (GC.stat, GC.stat_heap per pool, GC.latest_gc_info as Hashes) after
+      # every request cost 6-17 us a request.
+      def quiet?(count, now, malloc)
+        q = @quiet or return false
+        return false unless count == q[0] && @profile.version == q[4]
+
+        margins = q[3]
+        return false if (m = margins.malloc) && malloc - q[2] > m
+
+        base = q[1]
+        objects = margins.objects
+        i = 0
+        while i < objects.size
+          return false if (margin = objects[i]) && now[i] - base[i] > margin
+
+          i += 1
+        end
+        true
+      end
+
+      # #quiet? for the middleware, mid-request: the objects allocated in all
+      # pools since the reading, against the smallest pool margin (one call,
+      # not one per pool), and per pool only where that is not enough.
+      def quiet_so_far?
+        q = @quiet or return false
+        count = GC.count
+        return false unless count == q[0] && @profile.version == q[4]
+
+        malloc = GC.stat(:malloc_increase_bytes)
+        least = q[5]
+        return quiet?(count, Collector.allocated, malloc) if least && GC.stat(:total_allocated_objects) - q[6] > least
+
+        (m = q[3].malloc).nil? || malloc - q[2] <= m
+      end
+
+      # Remembers, from a reading with nothing due, how far the quiet
+      # stretch goes.
+      def quiet(reading)
+        margins = @policy.margins(reading, @profile, headroom: @hook_headroom)
+        return @quiet = nil unless margins
+
+        stat = reading.fetch(:stat)
+        base = if (heaps = reading[:heaps])
+                 heaps.map { |h| h.fetch(:total_allocated_objects) }
+               else
+                 [stat.fetch(:total_allocated_objects)]
+               end
+        @quiet = [stat.fetch(:count), base, stat.fetch(:malloc_increase_bytes), margins, @profile.version,
+                  margins.objects.compact.min, stat.fetch(:total_allocated_objects)]
       end
 
       # Returns how many GCs it ran.
       def run(kind, reading)
         runs = 1
-        collect(kind, reading)
+        lazy = @policy.sweep_lazily?(reading, @profile)
+        collect(kind, reading, lazy)
         after = self.class.reading
         # A minor GC that leaves less than the minimum free share of the heap
         # makes Ruby's next GC a major one: better now than in the next request.
         if kind == :minor && @policy.major_next?(after)
-          collect(:major, after)
+          collect(:major, after, lazy)
           runs += 1
           after = self.class.reading
         end
-        size(after)
-        starve(self.class.reading)
+        # Mid-sweep, only a policy that reads the mark knows what is free.
+        if !lazy || @policy.lazy_sweep?
+          size(after)
+          starve(self.class.reading)
+        end
         runs
       end
 
-      def collect(kind, reading)
-        @policy.collecting(reading)
+      def collect(kind, reading, lazy)
+        @policy.collecting(reading, kind)
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-        GC.start(full_mark: kind == :major, immediate_sweep: !@policy.lazy_sweep?)
+        GC.start(full_mark: kind == :major, immediate_sweep: !lazy)
         Counters.record(kind == :major, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
         @policy.collected(kind, self.class.reading)
       end
@@ -271,7 +345,7 @@ module Memkit
       # Ruby 3.4+: no major GC of Ruby's own while serving (GC.config is
       # per process; set in each worker at its first unit of work).
       def full_mark_off
-        return unless @policy.is_a?(Policy::NoFullMark) && @full_mark_off != Process.pid
+        return if @full_mark_off == Process.pid
 
         @full_mark_off = Process.pid
         GC.config(rgengc_allow_full_mark: false)

@@ -39,7 +39,8 @@ module Memkit
       @lock = Monitor.new
       @stats = Stats.new(**ZERO)
       @in_flight = 0
-      @mark = nil
+      @mark = nil       # GC.count when the process last became busy
+      @mark_major = nil # and major_gc_count
       @hook_pid = nil # the process where Puma's out_of_band hook has run
       @pending = nil  # the collector that has a GC due, for that hook
       @gave_up = false
@@ -60,7 +61,10 @@ module Memkit
         # between ran inside requests.
         def enter
           @lock.synchronize do
-            @mark = [GC.stat(:minor_gc_count), GC.stat(:major_gc_count)] if @in_flight.zero?
+            if @in_flight.zero?
+              @mark = GC.count
+              @mark_major = GC.stat(:major_gc_count)
+            end
             @in_flight += 1
           end
         end
@@ -73,12 +77,11 @@ module Memkit
             @stats.requests += 1
             next unless @in_flight.zero?
 
-            if @mark
-              minor = GC.stat(:minor_gc_count) - @mark[0]
-              major = GC.stat(:major_gc_count) - @mark[1]
-              @stats.inside_minor += minor
+            if @mark && (runs = GC.count - @mark).positive?
+              major = GC.stat(:major_gc_count) - @mark_major
+              @stats.inside_minor += runs - major
               @stats.inside_major += major
-              @stats.watched += minor + major if @stats.gave_up
+              @stats.watched += runs if @stats.gave_up
             end
             yield if block_given?
           end

@@ -46,8 +46,26 @@ module Memkit
 
       def name = self.class.name.split("::").last
 
-      # Whether this model sweeps lazily after an out-of-band GC (see OneHeap).
+      # Whether #free is right while a lazy sweep is under way (see OneHeap).
       def lazy_sweep? = false
+
+      # Whether the out-of-band GC about to run leaves its sweep to the next
+      # allocations, as Ruby's own GCs do. Always where #free reads the mark;
+      # elsewhere when the GC is due for malloc'd bytes while the pools hold
+      # several more requests. Swept at once, a GC frees the garbage's
+      # malloc'd memory inside itself, before Ruby counts it against the
+      # malloc growth since that GC; swept lazily, the frees come after and
+      # offset the next requests' mallocs, as they do under Ruby alone
+      # (bench/oobgc_shapes.rb "malloc": 248 GCs swept at once, where Ruby
+      # alone ran 64). Mid-sweep, #free counts the unswept garbage as live:
+      # it errs low, towards collecting early, never late.
+      def sweep_lazily?(reading, profile)
+        lazy_sweep? || (!profile.empty? && !pools_short?(reading, profile.objects, @headroom + LAZY_REQUESTS))
+      end
+
+      # Requests' worth of free slots beyond the headroom that let a malloc
+      # GC sweep lazily.
+      LAZY_REQUESTS = 3
 
       # Called with each reading taken after a request; `allocated_before`
       # is total_allocated_objects when that request started.
@@ -64,6 +82,26 @@ module Memkit
 
         major_pending?(reading) || minor_would_fill?(reading) ? :major : :minor
       end
+
+      # How much may still be allocated before #decide (at `headroom`) can
+      # answer anything but nil: objects per pool and malloc'd bytes (nil: no
+      # bound). Until a GC runs, what #decide reads moves only with
+      # allocation (free slots fall and malloc counters rise by what is
+      # allocated), so the collector takes no reading while the allocation
+      # since this one stays within these. nil if something is due now.
+      def margins(reading, profile, headroom: @headroom)
+        return Margins.new([], nil) if profile.empty?
+        return if decide(reading, profile, headroom: headroom)
+
+        objects = profile.objects
+        pools = free(reading).each_with_index.map do |f, i|
+          need = objects.fetch(i, 0)
+          f - ((need * headroom) + [SLACK, need].min).ceil if need.positive?
+        end
+        Margins.new(pools, malloc_margin(reading, profile.malloc, headroom))
+      end
+
+      Margins = Struct.new(:objects, :malloc)
 
       # Slots each pool lacks, as the heap stands, to hold `cover` requests,
       # or as many as the pool most of a request's objects go to holds (up to
@@ -87,9 +125,17 @@ module Memkit
         free(reading).each_with_index.any? { |f, i| f < profile.objects.fetch(i, 0) }
       end
 
-      # After a minor GC: whether Ruby has made the next GC a major one.
+      # After a minor GC: whether Ruby has made the next GC a major one
+      # (Ruby 3.1 does not say so for oldmalloc: #collecting saw it).
       def major_next?(reading)
-        !reading.fetch(:info)[:need_major_by].nil?
+        !reading.fetch(:info)[:need_major_by].nil? || @oldmalloc_over == true
+      end
+
+      # Whether oldmalloc is past its limit: the next minor GC will raise the
+      # limit and ask for a major, which then runs at once (see #major_pending?).
+      def oldmalloc_over?(reading)
+        stat = reading.fetch(:stat)
+        stat.fetch(:oldmalloc_increase_bytes) > stat.fetch(:oldmalloc_increase_bytes_limit)
       end
 
       # Free slots per pool, counting the pages Ruby may still add without
@@ -105,19 +151,26 @@ module Memkit
         return true if stat.fetch(:old_objects) >= stat.fetch(:old_objects_limit)
 
         limit = stat.fetch(:remembered_wb_unprotected_objects_limit, 0)
-        return true if limit.positive? && stat.fetch(:remembered_wb_unprotected_objects) >= limit
-
-        # Ruby compares oldmalloc with its limit only when a GC starts (it
-        # never starts one for oldmalloc alone). Running the major before the
-        # limit is crossed would hide the overrun from Ruby, which then
-        # shrinks the limit, and majors come ever more often.
-        stat.fetch(:oldmalloc_increase_bytes) > stat.fetch(:oldmalloc_increase_bytes_limit)
+        limit.positive? && stat.fetch(:remembered_wb_unprotected_objects) >= limit
       end
+      # Not oldmalloc past its limit: Ruby looks at oldmalloc only at the end
+      # of a minor GC (gc_reset_malloc_info), where an overrun raises the
+      # limit by 1.2x (to RUBY_GC_OLDMALLOC_LIMIT_MAX) and asks for a major,
+      # while a major it did not ask for lowers the limit by 2%. A major run
+      # here for the overrun would be one Ruby did not ask for: the limit
+      # would stay at its minimum and majors follow most requests of an app
+      # that mallocs megabytes (bench/oobgc_shapes.rb "malloc": 205 majors in
+      # 600 requests where Ruby ran 9). So the GC due runs as a minor, Ruby
+      # raises the limit and asks, and the collector runs the major it asked
+      # for right after, in the same pause (#major_next?).
 
       def minor_would_fill?(_reading) = false
 
-      # Told the heap as it stands just before this process collects.
-      def collecting(_reading); end
+      # Told the heap as it stands just before this process collects (kind:
+      # :minor or :major).
+      def collecting(reading, kind = :minor)
+        @oldmalloc_over = kind == :minor && oldmalloc_over?(reading)
+      end
 
       private
 
@@ -138,11 +191,17 @@ module Memkit
       # the limit is low the overrun is left to Ruby, which raises it; from
       # 60% of the maximum on, the GC runs between requests.
       def malloc_short?(reading, malloc, headroom)
+        margin = malloc_margin(reading, malloc, headroom)
+        !margin.nil? && margin.negative?
+      end
+
+      # Bytes that may still be malloc'd before #decide answers otherwise.
+      def malloc_margin(reading, malloc, headroom)
         stat = reading.fetch(:stat)
         limit = stat.fetch(:malloc_increase_bytes_limit)
-        return false if limit < @malloc_limit_max * 0.6
+        return if limit < @malloc_limit_max * 0.6
 
-        stat.fetch(:malloc_increase_bytes) + (malloc * headroom) > limit
+        limit - stat.fetch(:malloc_increase_bytes) - (malloc * headroom).ceil
       end
     end
   end

@@ -8,8 +8,19 @@ module Memkit
     # huge request does not make every later GC run early (as the largest
     # recent request would) and half the requests do not overrun the
     # estimate (as the mean would).
+    #
+    # #version changes only when the learned figures do, so the collector
+    # can keep a decision taken from them until then.
     class Profile
-      attr_reader :window, :percentile
+      # Taking the percentile of 200 requests costs 2-6 us per pool (Ruby's
+      # sort and max(n) alike), more than the rest of the collector's work
+      # for a request if done after each one. A high percentile of the window
+      # moves little in a quarter of it: the figures are taken again after
+      # every request while the first REFRESH are learned, then every
+      # REFRESH, or a quarter of the window once that is more.
+      REFRESH = 16
+
+      attr_reader :window, :percentile, :version
 
       def initialize(window: 200, percentile: 0.95)
         unless window.is_a?(Integer) && window >= 1
@@ -21,61 +32,63 @@ module Memkit
 
         @window = window
         @percentile = percentile.to_f
-        @objects = [] # one Array per request: objects per pool
+        @columns = [] # per pool: objects allocated, one entry per request, a ring of `window`
+        @size = 0
+        @at = 0 # where the next request goes in the ring
         @malloc = []
-        @cache = nil
+        @learned = [[].freeze, 0].freeze
+        @version = 0
         @stale = 0 # records since the percentiles were taken
       end
 
       # objects: Array of objects allocated per pool. malloc: bytes, or nil
       # when a GC ran during the request (Ruby reset the counter then).
       def record(objects, malloc)
-        @objects << objects
-        @objects.shift if @objects.size > @window
+        at = @at
+        @size += 1 if @size < @window
+        @at = at + 1 == @window ? 0 : at + 1
+        i = 0
+        while i < objects.size
+          (@columns[i] ||= Array.new(@size, 0))[at] = objects[i]
+          i += 1
+        end
+        (objects.size...@columns.size).each { |j| @columns[j][at] = 0 } if objects.size < @columns.size
         if malloc
           @malloc << malloc
           @malloc.shift if @malloc.size > @window
         end
         @stale += 1
-        # Sorting the window per pool after every request cost more than the
-        # rest of the collector (~60 us a request on Ruby 3.4's five pools);
-        # a high percentile of 200 requests moves little in 16 more.
-        @cache = nil if @stale >= REFRESH || @objects.size <= REFRESH
+        relearn if @size <= REFRESH || @stale >= REFRESH && @stale >= @size / 4
         self
       end
 
-      def size = @objects.size
-      def empty? = @objects.empty?
+      def size = @size
+      def empty? = @size.zero?
 
       # Objects per pool one request allocates, at the percentile.
-      def objects
-        learned.fetch(0)
-      end
+      def objects = @learned.fetch(0)
 
       # Malloc'd bytes one request adds, at the percentile.
-      def malloc
-        learned.fetch(1)
-      end
+      def malloc = @learned.fetch(1)
 
       def to_h = { requests: size, objects: objects, malloc: malloc }
 
       private
 
-      REFRESH = 16
+      def relearn
+        @stale = 0
+        learned = [@columns.map { |c| pick(c) }.freeze, pick(@malloc)].freeze
+        return if learned == @learned
 
-      def learned
-        @cache ||= begin
-          @stale = 0
-          pools = @objects.map(&:size).max || 0
-          [Array.new(pools) { |i| pick(@objects.map { |o| o.fetch(i, 0) }) }, pick(@malloc)]
-        end
+        @learned = learned
+        @version += 1
       end
 
+      # The value at the percentile's rank: the n-th largest.
       def pick(values)
         return 0 if values.empty?
 
-        sorted = values.sort
-        sorted[[(sorted.size * @percentile).ceil - 1, 0].max]
+        values.max(values.size - [(values.size * @percentile).ceil - 1, 0].max).last
       end
     end
   end

@@ -50,7 +50,8 @@ module Memkit
         # The collector tells the policy the old objects before it collects:
         # a minor keeps them all, and about as many young ones as the last
         # minor kept.
-        def collecting(reading)
+        def collecting(reading, kind = :minor)
+          super
           @old_before = reading.fetch(:stat).fetch(:old_objects)
         end
 

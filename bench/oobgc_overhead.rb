@@ -1,0 +1,59 @@
+# frozen_string_literal: true
+
+# What Memkit::OobGC costs per request when no GC is due (the common case),
+# on the running Ruby: a bare Rack call against the same call through
+# `use Memkit::OobGC`, with rack.after_reply run as Unicorn and Puma run it,
+# and the Collector alone (`tok = c.started; c.finished(tok)`).
+#
+#   ruby -Ilib bench/oobgc_overhead.rb [--requests 20000] [--rounds 7]
+#
+# The app allocates a few objects, so GC is rarely due: this times the
+# bookkeeping, not the collections (bench/oobgc_shapes.rb counts those).
+# Each figure is the median of the rounds, in microseconds per request.
+require "optparse"
+require "memkit"
+
+opts = { requests: 20_000, rounds: 7 }
+OptionParser.new do |o|
+  o.on("--requests N", Integer) { |v| opts[:requests] = v }
+  o.on("--rounds N", Integer) { |v| opts[:rounds] = v }
+end.parse!(ARGV)
+
+BODY = ["ok"].freeze
+bare = ->(_env) { [200, { "content-type" => "text/plain" }, BODY] }
+oob = Memkit::OobGC.new(bare, log: nil)
+collector = Memkit::OobGC::Collector.new(log: nil)
+
+serve = lambda do |app|
+  env = { "rack.after_reply" => [] }
+  _, _, body = app.call(env)
+  body.each { |_| nil }
+  env["rack.after_reply"].each(&:call)
+end
+
+cases = {
+  "bare Rack call" => -> { serve.call(bare) },
+  "through Memkit::OobGC" => -> { serve.call(oob) },
+  "Collector started/finished" => -> { collector.finished(collector.started) }
+}
+
+def per_request(requests, &block)
+  start = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  requests.times(&block)
+  (Process.clock_gettime(Process::CLOCK_MONOTONIC) - start) * 1e6 / requests
+end
+
+# Warm up: the profile learns the request, the code paths are hot.
+cases.each_value { |c| 2_000.times { c.call } }
+GC.start
+figures = cases.transform_values { [] }
+opts[:rounds].times do
+  cases.each { |name, c| figures[name] << per_request(opts[:requests]) { c.call } }
+end
+median = figures.transform_values { |v| v.sort[v.size / 2] }
+
+puts "oobgc overhead: #{RUBY_DESCRIPTION}; #{opts[:requests]} requests x #{opts[:rounds]} rounds, median"
+median.each { |name, us| puts format("  %-28s %7.2f us/request", name, us) }
+puts format("  %-28s %7.2f us/request", "OobGC adds", median["through Memkit::OobGC"] - median["bare Rack call"])
+stats = Memkit::OobGC.stats
+puts "  (GC runs in all: #{stats.oob_total} out of band, #{stats.inside_total} inside; policy #{stats.policy})"
