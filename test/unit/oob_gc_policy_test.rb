@@ -114,8 +114,15 @@ class OobGCPolicyTest < Minitest::Test
     policy = Policy::NoFullMark.new
     assert policy.major_next?(pooled([[100_000, 40_000]], need_major_by: :oldmalloc))
     assert_equal :major, policy.decide(pooled([[100_000, 40_000]], need_major_by: :oldmalloc), profile([1_000]))
-    # Not before a GC is due: Ruby looks at oldmalloc only when it collects.
-    assert_nil policy.decide(pooled([[500_000, 40_000]], oldmalloc_increase_bytes: 20 << 20), profile([1_000]))
+    # Slots short or not with full marks off: Ruby runs no minor of its own
+    # that would find the overrun.
+    roomy = pooled([[500_000, 40_000]], oldmalloc_increase_bytes: 20 << 20)
+    assert_equal :minor, policy.decide(roomy, profile([1_000]))
+    assert_nil policy.margins(roomy, profile([1_000]))
+    margins = policy.margins(pooled([[500_000, 40_000]], oldmalloc_increase_bytes: 10 << 20), profile([1_000]))
+    assert_equal 6 << 20, margins.malloc
+    # Where Ruby runs its own majors it finds the overrun at its next GC.
+    assert_nil Policy::SizePools.new.decide(roomy, profile([1_000]))
   end
 
   def test_lazy_sweep_reads_free_slots_from_the_mark
@@ -200,10 +207,12 @@ class OobGCPolicyTest < Minitest::Test
   def test_no_full_mark_valve_past_twice_the_heap_at_the_last_major
     policy = Policy::NoFullMark.new(valve_ratio: 2.0)
     policy.collected(:major, pooled([[100_000, 50_000]], available: 100_000))
-    refute policy.valve?(pooled([[200_000, 150_000]], available: 200_000))
-    assert policy.valve?(pooled([[200_001, 150_000]], available: 200_001))
+    refute policy.valve?(pooled([[200_000, 150_000]], available: 200_000, need_major_by: :oldgen))
+    assert policy.valve?(pooled([[200_001, 150_000]], available: 200_001, need_major_by: :oldgen))
+    refute policy.valve?(pooled([[200_001, 150_000]], available: 200_001)), "no major asked for: Ruby's own growth"
     policy.collected(:major, pooled([[200_001, 150_000]], available: 200_001))
-    refute policy.valve?(pooled([[200_001, 150_000]], available: 200_001)), "a major resets the bound"
+    refute policy.valve?(pooled([[200_001, 150_000]], available: 200_001, need_major_by: :oldgen)),
+           "a major resets the bound"
   end
 
   # The issue's case: a fresh worker whose heap is smaller than what one
@@ -249,6 +258,27 @@ class OobGCPolicyTest < Minitest::Test
     req = profile([10_000, 0, 1_000])
     margins = pools.margins(pooled([[100_000, 50_000], [50_000, 40_000], [20_000, 10_000]]), req)
     assert_equal [50_000 - 10_000 - 1_000, nil, 10_000 - 1_000 - 1_000], margins.objects
+  end
+
+  # Ruby 3.4: the pools share one count of allocatable slots, which #free
+  # counts in each; pages the main pool takes from it are room a small
+  # pool loses, though that pool allocated nothing.
+  def test_margins_charge_each_pool_for_the_shared_pages_others_take
+    policy = Policy::SizePools.new(headroom: 1.0)
+    req = profile([10_000, 0, 100])
+    reading = pooled([[100_000, 95_000], [50_000, 40_000], [20_000, 19_900]], shared_allocatable: 40_000)
+    margins = policy.margins(reading, req)
+    refute_nil margins.slot_sizes
+    assert_nil margins.least
+    base = [0, 0, 0]
+    # Pool 2 (160-byte slots) sees 40,000 / 4 + 100 free and needs 200.
+    assert margins.holds?([0, 0, 0], base, 0)
+    assert margins.holds?([10_000, 0, 0], base, 0)
+    refute margins.holds?([38_000, 0, 0], base, 0), "pool 0 took what pool 2 counted on"
+    # Without shared slots the pools are apart.
+    apart = policy.margins(pooled([[100_000, 50_000], [50_000, 40_000], [20_000, 10_000]]), req)
+    assert_nil apart.slot_sizes
+    assert apart.holds?([38_000, 0, 0], base, 0)
   end
 
   def test_detect_picks_one_policy_per_gc_model

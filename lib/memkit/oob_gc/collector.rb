@@ -23,6 +23,16 @@ module Memkit
     # Several collectors in one process share the process's counters; a GC
     # runs only when no unit is in flight in any of them.
     class Collector
+      # Requests a collected heap is sized to hold (where max_heap_growth, the
+      # RSS bound and Ruby's free-share limit allow). Collecting before
+      # request N where Ruby would collect inside it runs up to (N + 1) / N
+      # times Ruby's GCs: 1.1x at 10.
+      COVER = 10
+      # The heap growth's bound besides max_heap_growth: this share of the
+      # worker's RSS when it first sizes the heap (the issue's cap on what
+      # heap sizing may cost is 1.3x the RSS without it).
+      RSS_SHARE = 0.2
+
       DEFAULTS = { headroom: 1.1, percentile: 0.95, window: 200, max_heap_growth: 64 << 20, regrow_after: 100,
                    full_mark: :auto }.freeze
 
@@ -85,6 +95,7 @@ module Memkit
         @regrow_after = regrow_after
         @log = log
         @cover = headroom + 1 # after a GC: the next request, and one more
+        @want = [@cover, COVER].max
         @hook_headroom = headroom + 1
         @seen = 0 # units of work finished
         @grown_at = nil # @seen when the heap was last grown
@@ -140,8 +151,11 @@ module Memkit
       # last unit in flight runs one). For the Rack middleware's
       # "connection: close".
       def major_next?(_token)
+        # Nothing can be due: no need to take the lock (this only reads).
+        return false if quiet_so_far?
+
         Counters.alone? do
-          next false if @profile.empty? || quiet_so_far?
+          next false if @profile.empty?
 
           reading = self.class.reading
           due = @policy.decide(reading, @profile)
@@ -186,19 +200,10 @@ module Memkit
       def quiet?(count, now, malloc)
         q = @quiet or return false
         return false unless count == q[0] && @profile.version == q[4]
+        # Ruby may ask for a major at the end of a lazy sweep, with no GC run.
+        return false if @no_full_mark && GC.latest_gc_info(:need_major_by)
 
-        margins = q[3]
-        return false if (m = margins.malloc) && malloc - q[2] > m
-
-        base = q[1]
-        objects = margins.objects
-        i = 0
-        while i < objects.size
-          return false if (margin = objects[i]) && now[i] - base[i] > margin
-
-          i += 1
-        end
-        true
+        q[3].holds?(now, q[1], malloc - q[2])
       end
 
       # #quiet? for the middleware, mid-request: the objects allocated in all
@@ -208,10 +213,13 @@ module Memkit
         q = @quiet or return false
         count = GC.count
         return false unless count == q[0] && @profile.version == q[4]
+        return false if @no_full_mark && GC.latest_gc_info(:need_major_by)
 
         malloc = GC.stat(:malloc_increase_bytes)
         least = q[5]
-        return quiet?(count, Collector.allocated, malloc) if least && GC.stat(:total_allocated_objects) - q[6] > least
+        if least.nil? || GC.stat(:total_allocated_objects) - q[6] > least
+          return quiet?(count, Collector.allocated, malloc)
+        end
 
         (m = q[3].malloc).nil? || malloc - q[2] <= m
       end
@@ -229,7 +237,7 @@ module Memkit
                  [stat.fetch(:total_allocated_objects)]
                end
         @quiet = [stat.fetch(:count), base, stat.fetch(:malloc_increase_bytes), margins, @profile.version,
-                  margins.objects.compact.min, stat.fetch(:total_allocated_objects)]
+                  margins.least, stat.fetch(:total_allocated_objects)]
       end
 
       # Returns how many GCs it ran.
@@ -265,7 +273,12 @@ module Memkit
       # (bounded by max_heap_growth), and record what the heap costs and
       # what to set at boot for it.
       def size(reading)
-        short = @policy.shortfall(reading, @profile, cover: @cover)
+        unless @bounded
+          @bounded = true
+          rss = HeapGrowth.rss_bytes
+          @growth.bound((rss * RSS_SHARE).to_i) if rss
+        end
+        short = @policy.shortfall(reading, @profile, cover: @cover, want: @want)
         if short.any?(&:positive?) && @growth.budget.positive? && !@refused &&
            (@grown_at.nil? || @seen - @grown_at >= @regrow_after)
           @grown_at = @seen
@@ -275,7 +288,7 @@ module Memkit
           @policy.collected(:major, after)
           # Each attempt costs major GCs: one that won Ruby over less than
           # half the slots asked for is not repeated in this process.
-          still = @policy.shortfall(after, @profile, cover: @cover)
+          still = @policy.shortfall(after, @profile, cover: @cover, want: @want)
           @refused = still.sum > short.sum / 2
         end
         Counters.update(heap_slots: GC.stat(:heap_available_slots), heap_bytes: HeapGrowth.page_bytes,

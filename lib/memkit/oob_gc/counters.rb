@@ -8,7 +8,8 @@ module Memkit
     # watched: GC runs left to Ruby because OobGC had given up (see gave_up).
     # grow_runs: times the heap was grown at run time; heap_grown_bytes: the
     #   object pages that added (RSS), bounded by max_heap_growth.
-    # heap_slots: the heap's slots now; heap_bytes: its object pages.
+    # heap_slots: the heap's slots now; heap_bytes: its object pages, with
+    #   those Ruby will add as allocation needs them.
     # gave_up: why OobGC cannot keep GC out of requests, or nil.
     # boot_env: RUBY_GC_* values that would give this worker's heap the size
     #   OobGC wants from the start (Ruby reads them only at boot).

@@ -23,6 +23,10 @@ module Memkit
     # the INIT_SLOTS that keeps it.
     class HeapGrowth
       TOP = 0.99
+      # What one round adds, as a share of the pool: Ruby's heap_extend_pages
+      # grows to live / (1 - goal ratio 0.4), capped at the growth factor, and
+      # the fill leaves the pool about 85% live.
+      STEP = 0.45
       ROUNDS = 6
 
       attr_reader :grown_bytes
@@ -34,6 +38,19 @@ module Memkit
       end
 
       def budget = [@max_bytes - @grown_bytes, 0].max
+
+      # Lowers the bound to `bytes` in all (nil: unknown, no change).
+      def bound(bytes)
+        @max_bytes = [@max_bytes, bytes].min if bytes
+      end
+
+      # This process's resident set, in bytes (nil where /proc is missing).
+      def self.rss_bytes
+        kb = File.read("/proc/self/status")[/^VmRSS:\s+(\d+)/, 1]
+        kb && (Integer(kb) * 1024)
+      rescue SystemCallError
+        nil
+      end
 
       # want: slots to add per pool. Yields a fresh reading whenever it needs
       # one (the collector's). Returns the bytes of object pages added (0 if
@@ -51,6 +68,9 @@ module Memkit
           ROUNDS.times do
             now = capacity(policy, i)
             break if now >= goal
+            # Ruby grows a pool by a step of its own (about 1.4x at the
+            # fill's live share): none that would pass the bound.
+            break if now * STEP * slot_size(i) > budget - [page_bytes - before, 0].max
 
             fill(i, now, held)
             GC.start(full_mark: true, immediate_sweep: true)
@@ -64,13 +84,15 @@ module Memkit
         added
       end
 
-      # Bytes of the object pages the heap holds now (what it costs in RSS).
+      # Bytes of the object pages the heap holds now, and of those Ruby has
+      # decided to add as allocation needs them (what it costs in RSS).
       def self.page_bytes
         stat = GC.stat
         page = GC::INTERNAL_CONSTANTS.fetch(:HEAP_PAGE_SIZE) do
           GC::INTERNAL_CONSTANTS.fetch(:HEAP_PAGE_OBJ_LIMIT, 409) * GC::INTERNAL_CONSTANTS.fetch(:RVALUE_SIZE, 40)
         end
-        stat.fetch(:heap_eden_pages) * page
+        pages = stat.fetch(:heap_eden_pages) + stat.fetch(:heap_allocatable_pages, 0)
+        (pages * page) + (stat.fetch(:heap_allocatable_slots, 0) * GC::INTERNAL_CONSTANTS.fetch(:BASE_SLOT_SIZE, 40))
       end
 
       private

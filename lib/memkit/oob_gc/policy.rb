@@ -19,6 +19,9 @@ module Memkit
       # Ruby's GC_HEAP_FREE_SLOTS_MIN_RATIO default: a GC that leaves less of
       # the heap free than this makes the next GC a major (or grows the heap).
       MIN_FREE_RATIO = 0.20
+      # The largest share of the heap growth leaves free after a GC: under
+      # Ruby's GC_HEAP_FREE_SLOTS_MAX_RATIO (0.65), where it gives pages back.
+      MAX_FREE_SHARE = 0.6
       # Ruby's GC_MALLOC_LIMIT_MAX default.
       MALLOC_LIMIT_MAX = 32 << 20
       # Slots kept free beyond the learned request: what the server itself
@@ -45,6 +48,15 @@ module Memkit
       end
 
       def name = self.class.name.split("::").last
+
+      # Slot size per pool where the pools draw on one shared count of
+      # allocatable slots (Ruby 3.4) and some remain, else nil.
+      def shared_slot_sizes(reading)
+        heaps = reading[:heaps]
+        return unless heaps && reading.fetch(:stat).fetch(:heap_allocatable_slots, 0).positive?
+
+        heaps.map { |h| h.fetch(:slot_size, SizePools::BASE_SLOT_SIZE) }
+      end
 
       # Whether #free is right while a lazy sweep is under way (see OneHeap).
       def lazy_sweep? = false
@@ -98,21 +110,83 @@ module Memkit
           need = objects.fetch(i, 0)
           f - ((need * headroom) + [SLACK, need].min).ceil if need.positive?
         end
-        Margins.new(pools, malloc_margin(reading, profile.malloc, headroom))
+        Margins.new(pools, malloc_margin(reading, profile.malloc, headroom), slot_sizes: shared_slot_sizes(reading))
       end
 
-      Margins = Struct.new(:objects, :malloc)
+      # What #margins answers: how much may be allocated, objects per pool
+      # and malloc'd bytes (nil: no bound), before #decide can answer
+      # anything but nil.
+      class Margins
+        # Ruby 3.4's pools take new pages from one shared count of allocatable
+        # slots, which #free counts in every pool: a page one pool takes is
+        # room the others lose. Where that holds (`slot_sizes` given), each
+        # pool's margin is charged the bytes the other pools allocated too, and
+        # a page's worth per pool for pages taken but not yet filled.
+        PAGE_BYTES = 64 << 10
+
+        attr_reader :objects, :slot_sizes
+        attr_accessor :malloc
+
+        def initialize(objects, malloc, slot_sizes: nil)
+          @objects = objects
+          @malloc = malloc
+          @slot_sizes = slot_sizes
+        end
+
+        # The smallest pool margin, a bound on all allocation together; nil
+        # where pools share pages (no such bound) or none is bounded.
+        def least = @slot_sizes ? nil : @objects.compact.min
+
+        # Whether nothing can be due yet, with `now` and `base` the objects
+        # allocated per pool now and at the reading, and `malloc` the bytes
+        # malloc'd since.
+        def holds?(now, base, malloc)
+          return false if @malloc && malloc > @malloc
+
+          sizes = @slot_sizes
+          bytes = 0
+          if sizes
+            i = 0
+            while i < sizes.size
+              bytes += (now[i] - base[i]) * sizes[i]
+              i += 1
+            end
+            bytes += PAGE_BYTES * (sizes.size - 1)
+          end
+          i = 0
+          while i < @objects.size
+            if (margin = @objects[i])
+              own = now[i] - base[i]
+              charged = sizes ? own + ((bytes - (own * sizes[i])) / sizes[i]) : own
+              return false if charged > margin
+            end
+            i += 1
+          end
+          true
+        end
+      end
 
       # Slots each pool lacks, as the heap stands, to hold `cover` requests,
       # or as many as the pool most of a request's objects go to holds (up to
       # `balance`): where a small size pool runs dry after a few requests
       # while the main one holds many, the small one decides how often GC
       # runs, and growing it costs little.
-      def shortfall(reading, profile, cover:, balance: 16)
+      #
+      # `want` requests (more than `cover`, which must fit) only up to where
+      # Ruby would give the pages back: a GC that finds more than 65% of the
+      # heap free (GC_HEAP_FREE_SLOTS_MAX_RATIO) frees pages down to that
+      # share, so a heap grown past it shrinks at the next GC and growing it
+      # again costs major GCs.
+      def shortfall(reading, profile, cover:, want: cover, balance: 16)
         free = free(reading)
         objects = profile.objects
         main = objects.each_with_index.max_by(&:first)&.last
         held = main && objects[main].positive? ? free.fetch(main, 0).fdiv(objects[main]) : 0
+        per_request = objects.sum
+        if want > cover && per_request.positive?
+          room = live(reading) * MAX_FREE_SHARE / (1 - MAX_FREE_SHARE)
+          cover = [cover, [want, room.fdiv(per_request)].min].max
+        end
         target = [cover, [held, balance].min].max
         free.each_with_index.map do |f, i|
           want = (objects.fetch(i, 0) * target).ceil
@@ -141,6 +215,10 @@ module Memkit
       # Free slots per pool, counting the pages Ruby may still add without
       # collecting first.
       def free(reading) = raise(NotImplementedError)
+
+      # Slots holding live objects, all pools together (an overestimate
+      # mid-sweep: the garbage not yet swept counts).
+      def live(reading) = raise(NotImplementedError)
 
       # Whether Ruby has decided the next GC will be major, so the
       # out-of-band one must be too.

@@ -55,6 +55,12 @@ module Memkit
           @old_before = reading.fetch(:stat).fetch(:old_objects)
         end
 
+        # Mid-sweep, what the mark kept.
+        def live(reading)
+          stat = reading.fetch(:stat)
+          reading.fetch(:info)[:state] == :sweeping ? stat.fetch(:heap_marked_slots) : stat.fetch(:heap_live_slots)
+        end
+
         def free(reading)
           stat = reading.fetch(:stat)
           free = if @marked_at && reading.fetch(:info)[:state] == :sweeping

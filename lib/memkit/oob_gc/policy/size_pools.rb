@@ -14,6 +14,10 @@ module Memkit
         # the pages it may still add without collecting (per pool up to 3.3;
         # 3.4 keeps one count of allocatable slots, in base-size slots, that
         # every pool draws from).
+        def live(reading)
+          reading.fetch(:heaps).sum { |h| h.fetch(:total_allocated_objects) - h.fetch(:total_freed_objects) }
+        end
+
         def free(reading)
           shared = reading.fetch(:stat).fetch(:heap_allocatable_slots, 0)
           reading.fetch(:heaps).map do |h|
