@@ -36,6 +36,13 @@ module Memkit
       DEFAULTS = { headroom: 1.1, percentile: 0.95, window: 200, max_heap_growth: 64 << 20, regrow_after: 100,
                    full_mark: :auto }.freeze
 
+      # What #quiet remembers of a reading in which nothing was due: the GC
+      # count, objects allocated per pool and in all, malloc'd bytes, the
+      # policy's margins, the profile's version, and whether the GC due next
+      # would be a minor with oldmalloc still `oldmalloc_room` bytes short of
+      # its limit.
+      Quiet = Struct.new(:count, :base, :total, :malloc, :margins, :version, :minor, :oldmalloc_room)
+
       # Ruby's size pools, found once: nil where Ruby has one heap (3.1).
       POOLS = if GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
                 (0...(GC::INTERNAL_CONSTANTS[:SIZE_POOL_COUNT] || GC::INTERNAL_CONSTANTS[:HEAP_COUNT] ||
@@ -51,7 +58,13 @@ module Memkit
       # (a full GC.stat Hash costs ten times more).
       def self.allocated
         if POOLS
-          POOLS.map { |i| GC.stat_heap(i, :total_allocated_objects) }
+          counts = Array.new(POOLS.size)
+          i = 0
+          while i < counts.size
+            counts[i] = GC.stat_heap(i, :total_allocated_objects)
+            i += 1
+          end
+          counts
         else
           [GC.stat(:total_allocated_objects)]
         end
@@ -110,6 +123,12 @@ module Memkit
       def started
         Counters.enter
         full_mark_off if @no_full_mark
+        # The last unit's end, when nothing was collected since: what the
+        # server allocates between units then counts in the next one, as it
+        # does in the heap's margins.
+        last = @last
+        return last if last && last[0] == GC.count
+
         [GC.count, Collector.allocated, GC.stat(:malloc_increase_bytes)]
       end
 
@@ -122,6 +141,7 @@ module Memkit
           now = Collector.allocated
           malloc = GC.stat(:malloc_increase_bytes)
           learn(token, count, now, malloc)
+          @last = [count, now, malloc]
           next if quiet?(count, now, malloc)
 
           @quiet = nil
@@ -151,8 +171,9 @@ module Memkit
       # last unit in flight runs one). For the Rack middleware's
       # "connection: close".
       def major_next?(_token)
-        # Nothing can be due: no need to take the lock (this only reads).
-        return false if quiet_so_far?
+        # No major can be due, or nothing at all: no need to take the lock
+        # (this only reads).
+        return false if minor_at_most? || quiet_so_far?
 
         Counters.alone? do
           next false if @profile.empty?
@@ -168,6 +189,7 @@ module Memkit
       # in flight: the heap as it is now decides. Returns the GCs run.
       def out_of_band
         @quiet = nil
+        @last = nil
         reading = self.class.reading
         @policy.observe(reading)
         due = @policy.decide(reading, @profile, headroom: @hook_headroom)
@@ -180,14 +202,8 @@ module Memkit
       # reset the counter), but its object allocation is still right.
       def learn(token, count, now, malloc)
         started, before, malloc_before = token
-        fresh = Array.new(now.size)
-        i = 0
-        while i < now.size
-          fresh[i] = now[i] - before[i]
-          i += 1
-        end
         grown = malloc - malloc_before
-        @profile.record(fresh, count == started ? (grown.negative? ? 0 : grown) : nil)
+        @profile.record_since(now, before, count == started ? (grown.negative? ? 0 : grown) : nil)
         @seen += 1
       end
 
@@ -199,11 +215,11 @@ module Memkit
       # every request cost 6-17 us a request.
       def quiet?(count, now, malloc)
         q = @quiet or return false
-        return false unless count == q[0] && @profile.version == q[4]
+        return false unless count == q.count && @profile.version == q.version
         # Ruby may ask for a major at the end of a lazy sweep, with no GC run.
         return false if @no_full_mark && GC.latest_gc_info(:need_major_by)
 
-        q[3].holds?(now, q[1], malloc - q[2])
+        q.margins.holds?(now, q.base, malloc - q.malloc)
       end
 
       # #quiet? for the middleware, mid-request: the objects allocated in all
@@ -212,16 +228,27 @@ module Memkit
       def quiet_so_far?
         q = @quiet or return false
         count = GC.count
-        return false unless count == q[0] && @profile.version == q[4]
+        return false unless count == q.count && @profile.version == q.version
         return false if @no_full_mark && GC.latest_gc_info(:need_major_by)
 
         malloc = GC.stat(:malloc_increase_bytes)
-        least = q[5]
-        if least.nil? || GC.stat(:total_allocated_objects) - q[6] > least
+        least = q.margins.least
+        if least.nil? || GC.stat(:total_allocated_objects) - q.total > least
           return quiet?(count, Collector.allocated, malloc)
         end
 
-        (m = q[3].malloc).nil? || malloc - q[2] <= m
+        (m = q.margins.malloc).nil? || malloc - q.malloc <= m
+      end
+
+      # Whether the GC the next unit's end may run is a minor at most: the
+      # kind Policy#kind answered at the last reading, with no GC run since
+      # and oldmalloc still short of its limit.
+      def minor_at_most?
+        q = @quiet or return false
+        return false unless q.minor && GC.count == q.count
+        return false if @no_full_mark && GC.latest_gc_info(:need_major_by)
+
+        GC.stat(:malloc_increase_bytes) - q.malloc <= q.oldmalloc_room
       end
 
       # Remembers, from a reading with nothing due, how far the quiet
@@ -236,8 +263,10 @@ module Memkit
                else
                  [stat.fetch(:total_allocated_objects)]
                end
-        @quiet = [stat.fetch(:count), base, stat.fetch(:malloc_increase_bytes), margins, @profile.version,
-                  margins.least, stat.fetch(:total_allocated_objects)]
+        @quiet = Quiet.new(stat.fetch(:count), base, stat.fetch(:total_allocated_objects),
+                           stat.fetch(:malloc_increase_bytes), margins, @profile.version,
+                           @policy.kind(reading) == :minor,
+                           stat.fetch(:oldmalloc_increase_bytes_limit) - stat.fetch(:oldmalloc_increase_bytes))
       end
 
       # Returns how many GCs it ran.

@@ -92,6 +92,12 @@ module Memkit
         short = pools_short?(reading, profile.objects, headroom) || malloc_short?(reading, profile.malloc, headroom)
         return unless short
 
+        kind(reading)
+      end
+
+      # The GC #decide answers once one is due, as the heap stands: it moves
+      # only when a GC runs, and with oldmalloc (see #oldmalloc_over?).
+      def kind(reading)
         major_pending?(reading) || minor_would_fill?(reading) ? :major : :minor
       end
 

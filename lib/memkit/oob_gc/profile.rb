@@ -43,16 +43,21 @@ module Memkit
 
       # objects: Array of objects allocated per pool. malloc: bytes, or nil
       # when a GC ran during the request (Ruby reset the counter then).
-      def record(objects, malloc)
+      def record(objects, malloc) = record_since(objects, nil, malloc)
+
+      # As #record, with objects per pool given as counts now and `before`
+      # the request (the collector's readings, without an Array for the
+      # difference).
+      def record_since(now, before, malloc)
         at = @at
         @size += 1 if @size < @window
         @at = at + 1 == @window ? 0 : at + 1
         i = 0
-        while i < objects.size
-          (@columns[i] ||= Array.new(@size, 0))[at] = objects[i]
+        while i < now.size
+          (@columns[i] ||= Array.new(@size, 0))[at] = before ? now[i] - before[i] : now[i]
           i += 1
         end
-        (objects.size...@columns.size).each { |j| @columns[j][at] = 0 } if objects.size < @columns.size
+        (now.size...@columns.size).each { |j| @columns[j][at] = 0 } if now.size < @columns.size
         if malloc
           @malloc << malloc
           @malloc.shift if @malloc.size > @window
