@@ -129,7 +129,7 @@ module OobgcMatrix
       ensure
         Memkit::ServersHelper.stop_server(srv)
       end
-      probes = Dir[File.join(dir, "gc-*.json")].map { |f| JSON.parse(File.read(f)) }
+      probes = OobgcMatrix.probes(dir)
       warn "#{kind} #{shape} #{mode}: #{probes.size} of 2 workers reported" if probes.size < 2
       oob = probes.map { |p| p["oob"] }.compact
       OobgcBenchRunner.parse_wrk(out).merge(
@@ -142,6 +142,22 @@ module OobgcMatrix
         cold: 2 - Dir[File.join(dir, "warm-*")].size, warm_s: warm_seconds
       )
     end
+  end
+
+  # The workers' probe files. A Puma master can exit before its workers
+  # have run their at_exit (seen on Ruby 3.4), so this waits a little for
+  # both files before the directory goes away.
+  def probes(dir, workers: 2, wait: 10)
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + wait
+    files = []
+    loop do
+      files = Dir[File.join(dir, "gc-*.json")]
+      break if files.size >= workers || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+
+      sleep 0.1
+    end
+    sleep 0.1 # a file seen may still be being written
+    files.map { |f| JSON.parse(File.read(f)) }
   end
 
   # The app under test, with a marker outermost that touches DIR/warm-PID

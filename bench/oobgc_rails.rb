@@ -135,6 +135,10 @@ module OobgcRails
       ensure
         stop(server, pid)
       end
+      # A Puma master can exit before its workers have run their at_exit.
+      deadline = now + 10
+      sleep 0.1 while Dir[File.join(dir, "gc-*.json")].size < WORKERS && now < deadline
+      sleep 0.1
       probes = Dir[File.join(dir, "gc-*.json")].map { |f| JSON.parse(File.read(f)) }
       warn "#{server} #{mode}: #{probes.size} of #{WORKERS} workers reported" if probes.size < WORKERS
       sum = ->(key) { probes.sum { |p| p[key].to_i } }
