@@ -3,22 +3,38 @@
 # Memkit::OobGC across app shapes and servers: where GC runs, what it costs.
 #
 #   flock /tmp/memkit-bench.lock bundle exec ruby -Ilib bench/oobgc_matrix.rb \
-#     [--shapes tiny,medium,...] [--servers unicorn,puma,puma_close] [--duration 4] [--connections 4]
+#     [--shapes tiny,medium,...] [--servers unicorn,puma,puma_close] [--duration 4] [--connections 4] \
+#     [--repeat 3] [--out rows.jsonl] [--rev abc1234]
+#   bundle exec ruby -Ilib bench/oobgc_matrix.rb --report rows.jsonl[,more.jsonl]   # tables of earlier runs
 #
 # Each cell boots a fresh server (2 workers, 1 thread per Puma worker) with
-# bench/oobgc_app.rb shaped by environment variables, and drives it with wrk:
+# bench/oobgc_app.rb shaped by environment variables, warms it until every
+# worker has served 100 requests, zeroes the app's probe, then drives it with
+# wrk for --duration seconds:
 #   saturated  no pause between requests (throughput)
 #   paced      each connection pauses so the workers are ~60% busy, from the
 #              saturated throughput of the same shape and server without OobGC
 #              (p99 latency)
 # Modes: none (no OobGC); memkit (`use Memkit::OobGC`, no plugin); on Puma
-# also memkit_plugin (`plugin :memkit`: the out_of_band hook and warmup).
-# puma_close: Puma with wrk sending "Connection: close" (one request per
-# connection); puma and unicorn: kept-alive connections.
+# also memkit_plugin (`use Memkit::OobGC` and `plugin :memkit`: the
+# out_of_band hook, and the plugin's fork warm-up).
+# Servers: unicorn; puma (wrk keeps connections alive); puma_close (wrk sends
+# "Connection: close": one request per connection).
 #
-# The probe (OobgcBench::Probe) counts from each worker's 101st request:
-# GC runs in all, inside requests, majors inside requests, and the worker's
-# RSS at exit.
+# --repeat N measures every (mode, load) cell N times, each on a fresh boot,
+# the modes in a different order per repeat; the tables give the median of
+# req/s, p50, p99 and RSS over the repeats (a single short run's p99 rests on
+# a few dozen requests) and the sum of the GC counts.
+#
+# The probe (OobgcBench::Probe) counts, from the reset after the warm-up: GC
+# runs in all, inside requests, majors inside requests, and the worker's RSS
+# at exit. A worker that did not reach 100 requests in the warm-up's time
+# cap is reported in the "cold" column (a Puma worker that got no kept-alive
+# connection can stay cold).
+#
+# --out appends one JSON line per measured cell as soon as it is measured, so
+# the matrix can run as several locked runs (one per server and Ruby, each
+# under 10 minutes) and be reported together with --report.
 require_relative "oobgc"
 
 module OobgcMatrix
@@ -34,84 +50,155 @@ module OobgcMatrix
     "cache" => { "OOBGC_ROWS" => "1500", "OOBGC_GROW" => "40" }            # retained cache grows per request
   }.freeze
   SERVERS = { "unicorn" => [:unicorn, false], "puma" => [:puma, false], "puma_close" => [:puma, true] }.freeze
+  WARM_REQUESTS = 100
+  WARM_CAP = 40 # seconds of warm-up at most per cell
 
   def run(argv)
-    opts = { shapes: SHAPES.keys, servers: SERVERS.keys, duration: 4, connections: 4, load: 0.6 }
+    opts = { shapes: SHAPES.keys, servers: SERVERS.keys, duration: 4, connections: 4, load: 0.6, repeat: 1,
+             out: nil, report: nil, rev: nil }
     OptionParser.new do |o|
       o.on("--shapes LIST", Array) { |v| opts[:shapes] = v }
       o.on("--servers LIST", Array) { |v| opts[:servers] = v }
       o.on("--duration S", Integer) { |v| opts[:duration] = v }
       o.on("--connections N", Integer) { |v| opts[:connections] = v }
+      o.on("--repeat N", Integer) { |v| opts[:repeat] = v }
+      o.on("--out FILE", "append one JSON line per measured cell") { |v| opts[:out] = v }
+      o.on("--report FILES", Array, "print the tables of earlier runs, run nothing") { |v| opts[:report] = v }
+      o.on("--rev REV", "the code revision, recorded in each row") { |v| opts[:rev] = v }
     end.parse!(argv)
-    puts "oobgc matrix: #{RUBY_DESCRIPTION}; 2 workers; wrk -c#{opts[:connections]} -d#{opts[:duration]}s; " \
-         "counted from each worker's 101st request"
+    if opts[:report]
+      return report(opts[:report].flat_map { |f| File.readlines(f).map { |l| JSON.parse(l, symbolize_names: true) } })
+    end
+
+    abort "wrk not found (apt install wrk)" unless system("command -v wrk >/dev/null")
+    puts "oobgc matrix: #{RUBY_DESCRIPTION}; rev #{opts[:rev] || '?'}; 2 workers; wrk -c#{opts[:connections]} " \
+         "-d#{opts[:duration]}s; repeat #{opts[:repeat]}; " \
+         "counted after each worker's first #{WARM_REQUESTS} requests; " \
+         "started #{Time.now.utc.strftime('%F %T')} UTC"
     rows = []
-    summary = []
     opts[:shapes].each do |shape|
       opts[:servers].each do |name|
-        kind, close = SERVERS.fetch(name)
-        modes = kind == :puma ? %w[none memkit memkit_plugin] : %w[none memkit]
-        cells = {}
-        base = cell(kind, close, shape, "none", 0, opts)
-        cycle_ms = 1000.0 * opts[:connections] / [base[:rps] * opts[:load], 0.1].max
-        pace = [(cycle_ms - base[:p50]).round, 1].max
-        cells[["none", :saturated]] = base
-        modes.each do |mode|
-          cells[[mode, :saturated]] ||= cell(kind, close, shape, mode, 0, opts)
-          cells[[mode, :paced]] = cell(kind, close, shape, mode, pace, opts)
-        end
-        cells.each { |(mode, load), r| rows << row(name, shape, mode, load, r) }
-        (modes - ["none"]).each do |mode|
-          sat = cells[[mode, :saturated]]
-          paced = cells[[mode, :paced]]
-          summary << [name, shape, mode, pct(paced), pct(sat), paced[:gc_inside_major] + sat[:gc_inside_major],
-                      format("%.2f", sat[:rps] / cells[["none", :saturated]][:rps]),
-                      format("%.2f", paced[:p99] / cells[["none", :paced]][:p99]),
-                      format("%.2f", paced[:rss_kb].fdiv(cells[["none", :paced]][:rss_kb])),
-                      format("%.2f", (paced[:gc_total] + sat[:gc_total]).fdiv(paced[:requests_counted] + sat[:requests_counted]) /
-                                     [(cells[["none", :paced]][:gc_total] + cells[["none", :saturated]][:gc_total])
-                                      .fdiv(cells[["none", :paced]][:requests_counted] + cells[["none", :saturated]][:requests_counted]), 1e-9].max),
-                      paced[:gave_up] || sat[:gave_up] || "-"]
-        end
-        $stdout.flush
+        rows.concat(server_shape(name, shape, opts))
       end
     end
-    header = %w[server shape mode load req/s p50_ms p99_ms gc_runs inside inside_major outside% rss_MB/worker grown_MB]
-    puts Memkit::CLI.table(header, rows, left: [0, 1, 2, 3])
-    puts
-    puts "Per cell, memkit mode vs none (same server and shape): % of GC runs outside requests (paced, saturated), " \
-         "majors inside requests, throughput at saturation, p99 at ~#{(opts[:load] * 100).round}% load, " \
-         "RSS per worker (paced), GC runs per request:"
-    puts Memkit::CLI.table(%w[server shape mode out%_paced out%_sat majors_inside rps_x p99_x rss_x gc/req_x gave_up],
-                           summary, left: [0, 1, 2, 10])
+    report(rows)
+  end
+
+  # Every cell of one server and shape: none saturated first (it sets the
+  # pace), then each repeat in a rotated mode order.
+  def server_shape(name, shape, opts)
+    kind, close = SERVERS.fetch(name)
+    modes = kind == :puma ? %w[none memkit memkit_plugin] : %w[none memkit]
+    rows = []
+    measure = lambda do |mode, load, pace, rep|
+      r = cell(kind, close, shape, mode, pace, opts)
+      row = { ruby: RUBY_VERSION, rev: opts[:rev], server: name, shape: shape, mode: mode, load: load, rep: rep,
+              pace_ms: pace, **r }
+      File.open(opts[:out], "a") { |f| f.puts(JSON.generate(row)) } if opts[:out]
+      cold = r[:cold].positive? ? " COLD #{r[:cold]}" : ""
+      $stderr.puts format("%s %s %s %s %s #%d: %.1f req/s p99 %.1f ms, gc %d inside %d (major %d)%s",
+                          Time.now.utc.strftime("%T"), name, shape, mode, load, rep, r[:rps], r[:p99].to_f,
+                          r[:gc_total], r[:gc_inside], r[:gc_inside_major], cold)
+      rows << row
+      r
+    end
+    base = measure.call("none", "saturated", 0, 0)
+    cycle_ms = 1000.0 * opts[:connections] / [base[:rps] * opts[:load], 0.1].max
+    pace = [(cycle_ms - base[:p50].to_f).round, 1].max
+    opts[:repeat].times do |rep|
+      modes.rotate(rep).each do |mode|
+        measure.call(mode, "saturated", 0, rep) unless mode == "none" && rep.zero?
+        measure.call(mode, "paced", pace, rep)
+      end
+    end
+    rows
   end
 
   def cell(kind, close, shape, mode, pace, opts)
     Dir.mktmpdir("memkit-oobgc-matrix") do |dir|
       extra = mode == "memkit_plugin" ? "plugin :memkit" : ""
-      source = OobgcBenchRunner.app_source(mode == "none" ? "none" : "memkit", dir)
-      srv = Memkit::ServersHelper.start_server(kind, source, dir: dir, port: Memkit::Loopback.free_port,
-                                                       env: SHAPES.fetch(shape).merge("OOBGC_SKIP" => "100"), extra: extra)
+      env = SHAPES.fetch(shape).merge("OOBGC_SKIP" => "0")
+      srv = Memkit::ServersHelper.start_server(kind, app_source(mode, dir), dir: dir, port: Memkit::Loopback.free_port,
+                                                                         env: env, extra: extra)
+      url = "http://127.0.0.1:#{srv.port}/"
       begin
-        out = wrk("http://127.0.0.1:#{srv.port}/", opts, pace, close, File.join(dir, "latency.txt"))
+        warm_seconds = warm(url, dir, opts, close)
+        FileUtils.touch(File.join(dir, "reset"))
+        sleep 0.3 # the probe zeroes at its first request once 0.2 s have passed since its last check
+        out = wrk(url, opts[:duration], opts, pace, close, File.join(dir, "latency.txt"))
       ensure
         Memkit::ServersHelper.stop_server(srv)
       end
-      probes = Dir[File.join(dir, "gc-*.json")].map { |f| JSON.parse(File.read(f)) }
+      probes = OobgcMatrix.probes(dir)
       warn "#{kind} #{shape} #{mode}: #{probes.size} of 2 workers reported" if probes.size < 2
       oob = probes.map { |p| p["oob"] }.compact
       OobgcBenchRunner.parse_wrk(out).merge(
         gc_total: probes.sum { |p| p["gc_total"] }, gc_inside: probes.sum { |p| p["gc_inside"] },
-        gc_inside_major: probes.sum { |p| p["gc_inside_major"] }, requests_counted: probes.sum { |p| p["requests"] },
+        gc_inside_major: probes.sum { |p| p["gc_inside_major"] }, gc_major: probes.sum { |p| p["gc_major"] },
+        requests_counted: probes.sum { |p| p["requests"] }, workers: probes.size,
         rss_kb: probes.sum { |p| p["rss_kb"] }.fdiv([probes.size, 1].max),
-        grown: oob.sum { |o| o["heap_grown_bytes"] }.fdiv([oob.size, 1].max),
-        gave_up: oob.map { |o| o["gave_up"] }.compact.first
+        grown: oob.sum { |o| o["heap_grown_bytes"].to_i }.fdiv([oob.size, 1].max),
+        gave_up: oob.map { |o| o["gave_up"] }.compact.first, boot_env: oob.map { |o| o["boot_env"] }.compact.first,
+        cold: 2 - Dir[File.join(dir, "warm-*")].size, warm_s: warm_seconds
       )
     end
   end
 
-  def wrk(url, opts, pace, close, hist)
-    cmd = ["wrk", "-t2", "-c#{opts[:connections]}", "-d#{opts[:duration]}s", "--latency", "--timeout", "10s",
+  # The workers' probe files. A Puma master can exit before its workers
+  # have run their at_exit (seen on Ruby 3.4), so this waits a little for
+  # both files before the directory goes away.
+  def probes(dir, workers: 2, wait: 10)
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + wait
+    files = []
+    loop do
+      files = Dir[File.join(dir, "gc-*.json")]
+      break if files.size >= workers || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+
+      sleep 0.1
+    end
+    sleep 0.1 # a file seen may still be being written
+    files.map { |f| JSON.parse(File.read(f)) }
+  end
+
+  # The app under test, with a marker outermost that touches DIR/warm-PID
+  # once this worker has served WARM_REQUESTS requests.
+  def app_source(mode, dir)
+    <<~RUBY
+      require "memkit"
+      require #{OobgcBenchRunner::APP.inspect}
+      warm = Class.new do
+        def initialize(app, path)
+          @app = app
+          @path = path
+          @n = 0
+        end
+
+        def call(env)
+          @n += 1
+          File.write(format(@path, Process.pid), "") if @n == #{WARM_REQUESTS}
+          @app.call(env)
+        end
+      end
+      use warm, #{File.join(dir, 'warm-%d').inspect}
+      use OobgcBench::Probe, #{dir.inspect}
+      #{mode == 'none' ? '' : 'use Memkit::OobGC'}
+      run ->(_env) { [200, { "content-type" => "text/plain" }, [OobgcBench.render]] }
+    RUBY
+  end
+
+  # Saturated load, one second at a time, until both workers are warm or
+  # WARM_CAP seconds have passed. Returns the seconds it took.
+  def warm(url, dir, opts, close)
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    loop do
+      wrk(url, 1, opts, 0, close, nil)
+      elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+      return elapsed.round(1) if Dir[File.join(dir, "warm-*")].size >= 2 || elapsed > WARM_CAP
+    end
+  end
+
+  def wrk(url, seconds, opts, pace, close, hist)
+    cmd = ["wrk", "-t2", "-c#{opts[:connections]}", "-d#{seconds}s", "--latency", "--timeout", "10s",
            "-s", OobgcBenchRunner::WRK_SCRIPT]
     cmd += ["-H", "Connection: close"] if close
     out = IO.popen({ "OOBGC_PACE_MS" => pace.to_s, "OOBGC_HIST" => hist }, [*cmd, url], err: %i[child out], &:read)
@@ -120,12 +207,65 @@ module OobgcMatrix
     out
   end
 
+  def median(values)
+    v = values.compact.sort
+    return nil if v.empty?
+
+    v.size.odd? ? v[v.size / 2] : (v[v.size / 2 - 1] + v[v.size / 2]) / 2.0
+  end
+
+  # Cells pooled over repeats: medians of rates and latencies, sums of counts.
+  def pool(list)
+    sum = ->(key) { list.sum { |r| r[key].to_i } }
+    { n: list.size, rps: median(list.map { |r| r[:rps] }), p50: median(list.map { |r| r[:p50] }),
+      p99: median(list.map { |r| r[:p99] }), p99s: list.map { |r| r[:p99] },
+      rss_kb: median(list.map { |r| r[:rss_kb] }), grown: median(list.map { |r| r[:grown] }),
+      gc_total: sum.(:gc_total), gc_inside: sum.(:gc_inside), gc_inside_major: sum.(:gc_inside_major),
+      gc_major: sum.(:gc_major), requests_counted: sum.(:requests_counted), cold: sum.(:cold),
+      errors: sum.(:errors), gave_up: list.map { |r| r[:gave_up] }.compact.first,
+      boot_env: list.map { |r| r[:boot_env] }.compact.first }
+  end
+
   def pct(r) = r[:gc_total].zero? ? "-" : format("%.1f", 100.0 * (r[:gc_total] - r[:gc_inside]) / r[:gc_total])
 
-  def row(server, shape, mode, load, r)
-    [server, shape, mode, load, format("%.1f", r[:rps]), format("%.1f", r[:p50].to_f), format("%.1f", r[:p99].to_f),
-     r[:gc_total], r[:gc_inside], r[:gc_inside_major], pct(r), format("%.1f", r[:rss_kb] / 1024.0),
-     format("%.1f", r[:grown] / 1048576.0)]
+  def report(rows)
+    rows.group_by { |r| [r[:ruby], r[:server]] }.each do |(ruby, server), list|
+      revs = list.map { |r| r[:rev] }.uniq.join(",")
+      puts "== Ruby #{ruby}, #{server} (rev #{revs})"
+      cells = list.group_by { |r| [r[:shape], r[:mode], r[:load]] }.transform_values { |l| pool(l) }
+      header = %w[shape mode load n req/s p50_ms p99_ms gc_runs majors inside inside_major outside% rss_MB/worker
+                  grown_MB cold]
+      table = cells.map do |(shape, mode, load), r|
+        [shape, mode, load, r[:n], format("%.1f", r[:rps]), format("%.1f", r[:p50].to_f), format("%.1f", r[:p99].to_f),
+         r[:gc_total], r[:gc_major], r[:gc_inside], r[:gc_inside_major], pct(r), format("%.1f", r[:rss_kb] / 1024.0),
+         format("%.1f", r[:grown].to_f / 1048576.0), r[:cold]]
+      end
+      puts Memkit::CLI.table(header, table, left: [0, 1, 2])
+      puts
+      summary = list.map { |r| [r[:shape], r[:mode]] }.uniq.reject { |_, m| m == "none" }.filter_map do |shape, mode|
+        get = ->(m, load) { cells[[shape, m, load]] }
+        next unless [[mode, "saturated"], [mode, "paced"], %w[none saturated], %w[none paced]].all? { |k| get.(*k) }
+
+        per_req = lambda do |m|
+          a = get.(m, "saturated")
+          b = get.(m, "paced")
+          (a[:gc_total] + b[:gc_total]).fdiv([a[:requests_counted] + b[:requests_counted], 1].max)
+        end
+        sat = get.(mode, "saturated")
+        paced = get.(mode, "paced")
+        [shape, mode, pct(paced), pct(sat), paced[:gc_inside_major] + sat[:gc_inside_major],
+         format("%.2f", sat[:rps] / get.("none", "saturated")[:rps]),
+         format("%.2f", paced[:p99].to_f / get.("none", "paced")[:p99].to_f),
+         format("%.2f", paced[:rss_kb].fdiv(get.("none", "paced")[:rss_kb])),
+         format("%.2f", per_req.(mode) / [per_req.("none"), 1e-9].max), paced[:gave_up] || sat[:gave_up] || "-"]
+      end
+      puts "#{server}, Ruby #{ruby}: memkit mode vs none: % of GC runs outside requests (paced, saturated), " \
+           "majors inside requests, throughput at saturation (median), p99 at ~60% load (median), " \
+           "RSS per worker (paced, median), GC runs per request:"
+      puts Memkit::CLI.table(%w[shape mode out%_paced out%_sat majors_inside rps_x p99_x rss_x gc/req_x gave_up],
+                             summary, left: [0, 1, 9])
+      puts
+    end
   end
 end
 
