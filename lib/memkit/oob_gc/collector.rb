@@ -29,8 +29,8 @@ module Memkit
       # times Ruby's GCs: 1.1x at 10.
       COVER = 10
       # The heap growth's bound besides max_heap_growth: this share of the
-      # worker's RSS when it first sizes the heap (the issue's cap on what
-      # heap sizing may cost is 1.3x the RSS without it).
+      # worker's RSS when it first sizes the heap, so that a sized worker stays
+      # within 1.3x the RSS it would have without OobGC.
       RSS_SHARE = 0.2
 
       DEFAULTS = { headroom: 1.1, percentile: 0.95, window: 200, max_heap_growth: 64 << 20, regrow_after: 100,
