@@ -24,7 +24,9 @@ class DemoTest < Minitest::Test
       between, inside = out.match(summary)&.captures&.map(&:to_i)
       refute_nil between, out
       assert_operator inside, :>=, 0, out
-      assert_operator between, :>, inside * 2, "#{server}: most GC runs between requests: #{out}"
+      # "Most": on Ruby 3.3 and 3.4 behind Puma, 3-10 of about 24 GC runs still
+      # land inside requests (docs/BENCHMARKS.md, OobGC on real servers).
+      assert_operator between, :>, inside, "#{server}: most GC runs between requests: #{out}"
       master = out[/^\s*(\d+)\s+\d+\s+(unicorn master|puma)/, 1].to_i
       refute File.exist?("/proc/#{master}"), "#{server} master #{master} is gone after the demo"
     end
