@@ -44,7 +44,7 @@ module Memkit
       @mark_major = nil # and major_gc_count
       @hook_pid = nil # the process where Puma's out_of_band hook has run
       @pending = nil  # the collector that has a GC due, for that hook
-      @gave_up = false
+      @gave_up = nil # pid of the process that logged giving up
 
       class << self
         attr_reader :lock
@@ -126,10 +126,12 @@ module Memkit
 
         # Says why OobGC cannot keep GC out of requests: once per process in
         # the log, and in stats for as long as it holds.
+        # The log line comes once per process: a worker forked from a process
+        # that gave up says so itself.
         def give_up(reason, log)
-          first = @stats.gave_up.nil? && !@gave_up
+          first = @gave_up != Process.pid
           @stats.gave_up = reason
-          @gave_up = true
+          @gave_up = Process.pid
           log&.call("memkit: OobGC in worker #{Process.pid} cannot keep GC out of requests: #{reason}") if first
         end
 
