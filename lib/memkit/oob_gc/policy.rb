@@ -228,15 +228,7 @@ module Memkit
 
       # Whether Ruby has decided the next GC will be major, so the
       # out-of-band one must be too.
-      def major_pending?(reading)
-        return true if reading.fetch(:info)[:need_major_by]
-
-        stat = reading.fetch(:stat)
-        return true if stat.fetch(:old_objects) >= stat.fetch(:old_objects_limit)
-
-        limit = stat.fetch(:remembered_wb_unprotected_objects_limit, 0)
-        limit.positive? && stat.fetch(:remembered_wb_unprotected_objects) >= limit
-      end
+      #
       # Not oldmalloc past its limit: Ruby looks at oldmalloc only at the end
       # of a minor GC (gc_reset_malloc_info), where an overrun raises the
       # limit by 1.2x (to RUBY_GC_OLDMALLOC_LIMIT_MAX) and asks for a major,
@@ -247,6 +239,15 @@ module Memkit
       # 600 requests where Ruby ran 9). So the GC due runs as a minor, Ruby
       # raises the limit and asks, and the collector runs the major it asked
       # for right after, in the same pause (#major_next?).
+      def major_pending?(reading)
+        return true if reading.fetch(:info)[:need_major_by]
+
+        stat = reading.fetch(:stat)
+        return true if stat.fetch(:old_objects) >= stat.fetch(:old_objects_limit)
+
+        limit = stat.fetch(:remembered_wb_unprotected_objects_limit, 0)
+        limit.positive? && stat.fetch(:remembered_wb_unprotected_objects) >= limit
+      end
 
       def minor_would_fill?(_reading) = false
 
