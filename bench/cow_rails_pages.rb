@@ -41,6 +41,14 @@ module LivePages
     out
   end
 
+  def maps(pid)
+    File.readlines("/proc/#{pid}/maps").map do |line|
+      f = line.split(" ", 6)
+      s, e = f[0].split("-").map { |x| x.to_i(16) }
+      [s, e, f[5].to_s.strip]
+    end
+  end
+
   def kind(ranges, addr)
     _, _, path = ranges.find { |s, e, _| addr >= s && addr < e }
     case path
@@ -58,11 +66,7 @@ module LivePages
     workers = CowRails.workers_of(server.pid)
     master = frames(server.pid)
     children = workers.map { |w| frames(w) }
-    ranges = File.readlines("/proc/#{server.pid}/maps").map do |line|
-      f = line.split(" ", 6)
-      s, e = f[0].split("-").map { |x| x.to_i(16) }
-      [s, e, f[5].to_s.strip]
-    end
+    ranges = maps(server.pid)
     sharers = Hash.new(0)
     ([master] + children).each { |f| f.each_value { |pfn| sharers[pfn] += 1 } }
     mb = ->(pages) { format("%.1f", pages * 4096 / 1e6) }
@@ -141,25 +145,6 @@ module PageClasses
     bodies.keys.to_h { |b| [b, Fiddle::Pointer.new(b)[0, 8].unpack1("Q")] }
   end
 
-  def maps(pid)
-    File.readlines("/proc/#{pid}/maps").map do |line|
-      f = line.split(" ", 6)
-      s, e = f[0].split("-").map { |x| x.to_i(16) }
-      [s, e, f[5].to_s.strip]
-    end
-  end
-
-  # address => pfn for present pages
-  def frames(pid)
-    out = {}
-    Memkit::Cow.frames(pid).each do |start, _, entries|
-      entries.each_with_index do |v, i|
-        out[start + i * PAGE] = v & Memkit::Cow::PFN_MASK if v & Memkit::Cow::PRESENT != 0
-      end
-    end
-    out
-  end
-
   def classifier(pid, bodies)
     body_pages = {}
     bodies.each_key { |b| (0...BODY / PAGE).each { |k| body_pages[b + k * PAGE] = true } }
@@ -168,18 +153,13 @@ module PageClasses
       struct_pages[s & ~(PAGE - 1)] = true
       struct_pages[(s + STRUCT) & ~(PAGE - 1)] = true
     end
-    ranges = maps(pid)
+    ranges = LivePages.maps(pid)
     lambda do |addr|
       next "ruby heap body" if body_pages[addr]
       next "heap_page struct" if struct_pages[addr]
 
-      _, _, path = ranges.find { |s, e, _| addr >= s && addr < e }
-      case path
-      when "[heap]" then "brk other"
-      when "", nil, /\A\[anon/ then "anon other"
-      when /\[stack/ then "stack"
-      else "file"
-      end
+      kind = LivePages.kind(ranges, addr)
+      %w[brk anon].include?(kind) ? "#{kind} other" : kind
     end
   end
 end
@@ -206,8 +186,8 @@ pids = Array.new(4) do |k|
 end
 ready_w.close
 ready_r.read(4)
-master = PageClasses.frames(Process.pid)
-children = pids.map { |pid| PageClasses.frames(pid) }
+master = LivePages.frames(Process.pid)
+children = pids.map { |pid| LivePages.frames(pid) }
 sharers = Hash.new(0)
 ([master] + children).each { |f| f.each_value { |pfn| sharers[pfn] += 1 } }
 classify = PageClasses.classifier(Process.pid, bodies)
