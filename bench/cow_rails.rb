@@ -222,6 +222,31 @@ module CowRails
     end
   end
 
+  # For the in-process labs (bench/cow_rails_lab.rb, cow_rails_pages.rb):
+  # loads the app in this process and prepares it for fork as MODE says
+  # (plain | nakayoshi | process_warmup | heap | memkit, "+fill" for
+  # fill: true). warm: the memkit mode's warm-up requests instead of the
+  # app's list. Returns the Rack app and the mode's flags.
+  def in_process(mode, warm: nil)
+    ENV["BENCH_RAILS_DB"] ||= DB
+    Dir.chdir(DIR)
+    require "rack"
+    app, = Rack::Builder.parse_file(File.join(DIR, "config.ru"))
+    name, *flags = mode.split("+")
+    options = flags.include?("fill") ? { fill: true } : {}
+    Memkit::Railtie.disconnect_database
+    case name
+    when "plain" then nil
+    when "nakayoshi" then require "nakayoshi_fork"
+    when "process_warmup" then Process.warmup
+    when "heap" then Memkit.warmup(**options)
+    when "memkit" then Memkit::Railtie.before_fork(**(warm ? { requests: warm } : {}), **options)
+    else abort "unknown mode #{mode}"
+    end
+    Memkit::Railtie.disconnect_database
+    [app, flags]
+  end
+
   def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
   def mb(bytes) = format("%.1f", bytes / 1_000_000.0)

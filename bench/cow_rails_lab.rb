@@ -10,27 +10,11 @@
 #   BUNDLE_GEMFILE=bench/rails/Gemfile bundle exec ruby bench/cow_rails_lab.rb MODE [REQUESTS]
 #   MODE: plain | nakayoshi | process_warmup | heap | memkit | memkit+fill | heap+fill
 require_relative "cow_rails"
-ENV["BENCH_RAILS_DB"] ||= CowRails::DB
-Dir.chdir(CowRails::DIR)
-require "rack"
-app, = Rack::Builder.parse_file(File.join(CowRails::DIR, "config.ru"))
 mode = ARGV.fetch(0)
 requests = Integer(ARGV.fetch(1, "500"))
-name, *flags = mode.split("+")
-options = flags.include?("fill") ? { fill: true } : {}
-Memkit::Railtie.disconnect_database
-case name
-when "plain" then nil
-when "nakayoshi" then require "nakayoshi_fork"
-when "process_warmup" then Process.warmup
-when "heap" then Memkit.warmup(**options)
-when "memkit"
-  # LAB_WARM=N: N requests of bench/cow_rails.rb's mix (from far in its sequence) instead of the app's list.
-  extra = ENV["LAB_WARM"] ? { requests: Array.new(Integer(ENV["LAB_WARM"])) { |i| CowRails.path(1_000_003 + i) } } : {}
-  Memkit::Railtie.before_fork(**extra, **options)
-else abort "unknown mode #{mode}"
-end
-Memkit::Railtie.disconnect_database
+# LAB_WARM=N: N requests of bench/cow_rails.rb's mix (from far in its sequence) instead of the app's list.
+warm = (Array.new(Integer(ENV["LAB_WARM"])) { |i| CowRails.path(1_000_003 + i) } if ENV["LAB_WARM"])
+app, = CowRails.in_process(mode, warm: warm)
 ready_r, ready_w = IO.pipe
 pids = Array.new(4) do |k|
   fork do

@@ -100,23 +100,9 @@ if ARGV[0] == "--server"
   LivePages.run(ARGV.fetch(1), ARGV.fetch(2), Integer(ARGV.fetch(3, "100")))
   exit
 end
-ENV["BENCH_RAILS_DB"] ||= CowRails::DB
-Dir.chdir(CowRails::DIR)
-require "rack"
-app, = Rack::Builder.parse_file(File.join(CowRails::DIR, "config.ru"))
 mode = ARGV.fetch(0)
 requests = Integer(ARGV.fetch(1, "300"))
-name, *flags = mode.split("+")
-options = flags.include?("fill") ? { fill: true } : {}
-Memkit::Railtie.disconnect_database
-case name
-when "plain" then nil
-when "nakayoshi" then require "nakayoshi_fork"
-when "heap" then Memkit.warmup(**options)
-when "memkit" then Memkit::Railtie.before_fork(**options)
-else abort "unknown mode #{mode}"
-end
-Memkit::Railtie.disconnect_database
+app, flags = CowRails.in_process(mode)
 # "+holes": fill the malloc arena's free chunks (Memkit::Warmup's malloc fill) after the rest
 if flags.include?("holes")
   info = Memkit::Libc.mallinfo2
