@@ -341,7 +341,9 @@ module Memkit
       # minor GC due grow the heap, chosen after the last GC (see
       # Policy::NoFullMark#grow_by_allocation).
       def growing_pool(_reading)
-        @dry_pool if @no_full_mark
+        pool = @dry_pool
+        @dry_pool = nil
+        pool
       end
 
       # Slots allocated beyond the pool's free count before #run_dry stops
@@ -359,6 +361,9 @@ module Memkit
         return false if GC.disable
 
         GC.enable
+        # GC.disable finished the sweep of the last GC if it was lazy: the
+        # pool's free slots are all on its free list now.
+        reading = self.class.reading if reading.fetch(:info)[:state] == :sweeping
         @dry_base ||= HeapGrowth.eden_bytes
         count = GC.count
         limit = @policy.free(reading).fetch(pool) + RUN_DRY_MARGIN

@@ -42,11 +42,6 @@ module Memkit
           margins
         end
 
-        # Swept at once: Ruby asks for a major (NOFREE) at the end of a sweep,
-        # and with full marks off it grows the heap instead if that comes
-        # mid-request.
-        def sweep_lazily?(_reading, _profile) = false
-
         # kind :grown: the collector grew the heap, which the valve must not
         # take for Ruby's growth.
         def collected(kind, reading)
