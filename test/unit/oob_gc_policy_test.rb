@@ -66,6 +66,26 @@ class OobGCPolicyTest < Minitest::Test
     assert_nil policy.decide(one_heap(free: 300_000, malloc: 12 << 20, malloc_limit: 16 << 20), req)
   end
 
+  # "malloc" shape: 8 MB malloc'd a request, pools roomy. The GC due is for
+  # malloc alone (the collector then lets Ruby run it for the overrun, which
+  # raises the limit); with a pool short, or the limit low (Ruby raises it
+  # itself), it is not.
+  def test_malloc_due_only_when_the_pools_hold_the_next_request
+    policy = Policy::SizePools.new(malloc_limit_max: 32 << 20)
+    req = profile([3_600, 300], malloc: 8 << 20)
+    roomy = [[600_000, 500_000], [80_000, 70_000]]
+    assert policy.malloc_due?(pooled(roomy, malloc_increase_bytes: 16 << 20, malloc_increase_bytes_limit: 24 << 20),
+                              req)
+    refute policy.malloc_due?(pooled(roomy, malloc_increase_bytes: 8 << 20, malloc_increase_bytes_limit: 24 << 20),
+                              req), "the next request fits under the limit"
+    refute policy.malloc_due?(pooled(roomy, malloc_increase_bytes: 12 << 20, malloc_increase_bytes_limit: 16 << 20),
+                              req), "a limit under 60% of the maximum is left to Ruby"
+    short = [[600_000, 500_000], [80_000, 79_800]]
+    refute policy.malloc_due?(pooled(short, malloc_increase_bytes: 16 << 20, malloc_increase_bytes_limit: 24 << 20),
+                              req), "a pool is short too: a GC.start minor"
+    assert_nil policy.decide(pooled(roomy), req)
+  end
+
   def test_major_when_ruby_has_one_pending
     policy = Policy::OneHeap.new(page_slots: PAGE)
     req = profile(50_000)

@@ -294,7 +294,9 @@ module Memkit
         @policy.collecting(reading, kind)
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         pool = growing_pool(reading) if kind == :minor
-        GC.start(full_mark: kind == :major, immediate_sweep: !lazy) unless pool && run_dry(pool, reading)
+        ran = pool && run_dry(pool, reading)
+        ran ||= kind == :minor && lazy && @policy.malloc_due?(reading, @profile) && overrun_malloc(reading)
+        GC.start(full_mark: kind == :major, immediate_sweep: !lazy) unless ran
         Counters.record(kind == :major, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
         @policy.collected(kind, self.class.reading)
       end
@@ -335,6 +337,24 @@ module Memkit
         Counters.update(heap_slots: GC.stat(:heap_available_slots), heap_bytes: HeapGrowth.page_bytes,
                         heap_grown_bytes: @growth.grown_bytes, boot_env: boot_env(self.class.reading),
                         profile: @profile.to_h)
+      end
+
+      # Runs the GC due for malloc'd bytes as Ruby's own: mallocs (without
+      # touching) what is left below the malloc limit, so that Ruby collects
+      # for the overrun. At that GC Ruby raises the limit to 1.4 times what was
+      # malloc'd (up to RUBY_GC_MALLOC_LIMIT_MAX), as it does when a request
+      # overruns it, where a GC Ruby did not start for malloc lowers it by 2%:
+      # collected out of band by GC.start, the limit never rose and an app
+      # that mallocs megabytes a request collected every two or three of them
+      # (bench/notes/oobgc-count.md). Returns whether Ruby collected.
+      def overrun_malloc(reading)
+        stat = reading.fetch(:stat)
+        bytes = stat.fetch(:malloc_increase_bytes_limit) - GC.stat(:malloc_increase_bytes) + 1
+        return false unless bytes.positive?
+
+        count = GC.count
+        String.new(capacity: bytes)
+        GC.count != count
       end
 
       # Ruby 3.4+ with full marks off: the pool whose running dry makes the
