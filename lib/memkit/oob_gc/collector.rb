@@ -293,10 +293,14 @@ module Memkit
       def collect(kind, reading, lazy)
         @policy.collecting(reading, kind)
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        majors = GC.stat(:major_gc_count)
         pool = growing_pool(reading) if kind == :minor
         ran = pool && run_dry(pool, reading)
         ran ||= kind == :minor && lazy && @policy.malloc_due?(reading, @profile) && overrun_malloc(reading)
         GC.start(full_mark: kind == :major, immediate_sweep: !lazy) unless ran
+        # A GC Ruby started (#run_dry, #overrun_malloc) is a major if Ruby had
+        # one pending that the reading did not show (Ruby 3.1 does not say).
+        kind = :major if ran && GC.stat(:major_gc_count) != majors
         Counters.record(kind == :major, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
         @policy.collected(kind, self.class.reading)
       end
