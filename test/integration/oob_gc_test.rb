@@ -334,6 +334,31 @@ class OobGCTest < Minitest::Test
     assert_nil stats.gave_up, stats.to_h
   end
 
+  # Ruby 3.4 with full marks off grows the heap only after a GC allocation
+  # started: the collector has a due minor grow it by running a pool dry, a
+  # GC Ruby starts (gc_by: :newobj) between requests.
+  def test_grows_the_heap_by_running_a_pool_dry_with_gc_config
+    unless GC.respond_to?(:config) && GC.config.key?(:rgengc_allow_full_mark)
+      skip "GC.config(rgengc_allow_full_mark:) needs Ruby 3.4+"
+    end
+
+    in_fresh_process { grows_the_heap_by_running_a_pool_dry_with_gc_config }
+  end
+
+  def grows_the_heap_by_running_a_pool_dry_with_gc_config
+    app = Memkit::OobGC.new(keeping(strings: 6_000, requests: 20))
+    slots = GC.stat(:heap_available_slots)
+    by = []
+    serve(app, 400, hook: :after_reply) { |ran| by << GC.latest_gc_info(:gc_by) if ran }
+    stats = Memkit::OobGC.stats
+    assert_includes by, :newobj, "a GC Ruby started for a pool run dry: #{by.tally}"
+    assert_operator stats.grow_runs, :>=, 1, stats.to_h
+    assert_operator stats.heap_grown_bytes, :>, 0, stats.to_h
+    assert_operator GC.stat(:heap_available_slots), :>, slots, stats.to_h
+    assert_equal 0, stats.inside_major, stats.to_h
+    assert_operator stats.outside_ratio, :>=, 0.9, stats.to_h
+  end
+
   # While another request is in flight (a Puma thread), collecting would stop
   # it: the middleware waits for an idle moment.
   def test_never_collects_while_a_request_is_in_flight
