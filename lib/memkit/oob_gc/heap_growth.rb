@@ -100,7 +100,8 @@ module Memkit
       def self.page_bytes
         stat = GC.stat
         pages = stat.fetch(:heap_eden_pages) + stat.fetch(:heap_allocatable_pages, 0)
-        (pages * page_size) + (stat.fetch(:heap_allocatable_slots, 0) * GC::INTERNAL_CONSTANTS.fetch(:BASE_SLOT_SIZE, 40))
+        shared = stat.fetch(:heap_allocatable_slots, 0) * GC::INTERNAL_CONSTANTS.fetch(:BASE_SLOT_SIZE, 40)
+        (pages * page_size) + shared
       end
 
       # Bytes of the object pages the heap holds now.
