@@ -5,7 +5,11 @@
 # after the response), against Ruby alone. No server, no load generator:
 # GC counts and heap sizes only, not latency (bench/oobgc_matrix.rb has those).
 #
-#   ruby -Ilib bench/oobgc_shapes.rb [--scale 1.0] [--shapes tiny,medium,...]
+#   ruby -Ilib bench/oobgc_shapes.rb [--scale 1.0] [--shapes tiny,medium,...] [--modes none,memkit,...]
+#
+# Modes: none (Ruby alone), memkit (`use Memkit::OobGC`, defaults), full_mark
+# (`full_mark: true`: on Ruby 3.4+ Ruby keeps its own major GCs, the 3.2/3.3
+# policy predicts them; the same as memkit elsewhere). gc_x is against none.
 #
 # Counted from the 101st request. Per shape and mode: GC runs, inside
 # requests, majors inside requests, GC runs per request against Ruby alone,
@@ -27,11 +31,14 @@ SHAPES = {
 REQUESTS = { "tiny" => 3000, "medium" => 600, "large" => 300, "huge" => 150, "malloc" => 600, "promoting" => 600,
              "cache" => 600 }.freeze
 
+# Memkit::OobGC's options per mode (none: no middleware).
+MODES = { "none" => nil, "memkit" => {}, "full_mark" => { full_mark: true } }.freeze
+
 def child(mode, requests)
   require "memkit"
   require_relative "oobgc_app"
   app = ->(_env) { [200, {}, [OobgcBench.render]] }
-  app = Memkit::OobGC.new(app) if mode == "memkit"
+  app = Memkit::OobGC.new(app, **MODES.fetch(mode)) if MODES[mode]
   GC.start
   counted = nil
   inside = inside_major = 0
@@ -40,7 +47,7 @@ def child(mode, requests)
     if i == 100
       counted = [GC.count, GC.stat(:major_gc_count)]
       allocated = GC.stat(:total_allocated_objects)
-      Memkit::OobGC.reset_stats if mode == "memkit"
+      Memkit::OobGC.reset_stats if MODES[mode]
     end
     env = { "rack.after_reply" => [] }
     count = GC.count
@@ -53,7 +60,7 @@ def child(mode, requests)
     end
     env["rack.after_reply"].each(&:call)
   end
-  stats = mode == "memkit" ? Memkit::OobGC.stats : nil
+  stats = MODES[mode] ? Memkit::OobGC.stats : nil
   page = GC::INTERNAL_CONSTANTS.fetch(:HEAP_PAGE_SIZE) { GC::INTERNAL_CONSTANTS[:HEAP_PAGE_OBJ_LIMIT] * GC::INTERNAL_CONSTANTS[:RVALUE_SIZE] }
   puts JSON.generate(
     gc: GC.count - counted[0], majors: GC.stat(:major_gc_count) - counted[1], inside: inside, inside_major: inside_major,
@@ -70,16 +77,17 @@ if ARGV[0] == "--child"
   exit
 end
 
-opts = { scale: 1.0, shapes: SHAPES.keys }
+opts = { scale: 1.0, shapes: SHAPES.keys, modes: %w[none memkit] }
 OptionParser.new do |o|
   o.on("--scale X", Float) { |v| opts[:scale] = v }
   o.on("--shapes LIST", Array) { |v| opts[:shapes] = v }
+  o.on("--modes LIST", Array, "none always runs (the gc_x base)") { |v| opts[:modes] = (["none"] + v).uniq }
 end.parse!(ARGV)
 puts "oobgc shapes: #{RUBY_DESCRIPTION}; one process per cell; requests counted after the first 100"
 rows = []
 opts[:shapes].each do |shape|
   requests = (REQUESTS.fetch(shape) * opts[:scale]).ceil
-  results = %w[none memkit].to_h do |mode|
+  results = opts[:modes].to_h do |mode|
     out = IO.popen(SHAPES.fetch(shape), [RbConfig.ruby, "-I#{File.expand_path('../lib', __dir__)}", __FILE__, "--child", mode,
                                          requests.to_s], &:read)
     [mode, JSON.parse(out.lines.last)]

@@ -66,6 +66,26 @@ class OobGCPolicyTest < Minitest::Test
     assert_nil policy.decide(one_heap(free: 300_000, malloc: 12 << 20, malloc_limit: 16 << 20), req)
   end
 
+  # "malloc" shape: 8 MB malloc'd a request, pools roomy. The GC due is for
+  # malloc alone (the collector then lets Ruby run it for the overrun, which
+  # raises the limit); with a pool short, or the limit low (Ruby raises it
+  # itself), it is not.
+  def test_malloc_due_only_when_the_pools_hold_the_next_request
+    policy = Policy::SizePools.new(malloc_limit_max: 32 << 20)
+    req = profile([3_600, 300], malloc: 8 << 20)
+    roomy = [[600_000, 500_000], [80_000, 70_000]]
+    assert policy.malloc_due?(pooled(roomy, malloc_increase_bytes: 16 << 20, malloc_increase_bytes_limit: 24 << 20),
+                              req)
+    refute policy.malloc_due?(pooled(roomy, malloc_increase_bytes: 8 << 20, malloc_increase_bytes_limit: 24 << 20),
+                              req), "the next request fits under the limit"
+    refute policy.malloc_due?(pooled(roomy, malloc_increase_bytes: 12 << 20, malloc_increase_bytes_limit: 16 << 20),
+                              req), "a limit under 60% of the maximum is left to Ruby"
+    short = [[600_000, 500_000], [80_000, 79_800]]
+    refute policy.malloc_due?(pooled(short, malloc_increase_bytes: 16 << 20, malloc_increase_bytes_limit: 24 << 20),
+                              req), "a pool is short too: a GC.start minor"
+    assert_nil policy.decide(pooled(roomy), req)
+  end
+
   def test_major_when_ruby_has_one_pending
     policy = Policy::OneHeap.new(page_slots: PAGE)
     req = profile(50_000)
@@ -213,6 +233,60 @@ class OobGCPolicyTest < Minitest::Test
     policy.collected(:major, pooled([[200_001, 150_000]], available: 200_001))
     refute policy.valve?(pooled([[200_001, 150_000]], available: 200_001, need_major_by: :oldgen)),
            "a major resets the bound"
+  end
+
+  # Recorded on Ruby 3.4, "large" shape (bench/notes/oobgc-count.md): pool 1
+  # swept to 18% free after every GC while the shared allocatable slots made
+  # every pool look roomy. Ruby asks for a :nofree major at the third minor;
+  # growth must be wanted for pool 1 even though #shortfall, counting the
+  # shared slots, says nothing is short.
+  def test_no_full_mark_wants_growth_for_a_pool_under_rubys_free_minimum
+    policy = Policy::NoFullMark.new
+    req = profile([55_000, 3_500, 6_000])
+    after_gc = pooled([[943_143, 491_082], [99_024, 80_853], [266_113, 199_830]], shared_allocatable: 35_727)
+    assert_equal [0, 0, 0], policy.shortfall(after_gc, req, cover: 2.1)
+    short = policy.growth_shortfall(after_gc, req, cover: 2.1)
+    free1 = 99_024 - 80_853
+    assert_operator short[1], :>=, (99_024 * 0.2).ceil + 3_500 - free1, "Ruby's 20% and one request more"
+    # Without the shared slots it falls short of its share of the requests pool 0 holds too (8.2).
+    assert_equal (3_500 * (452_061 / 55_000.0)).ceil - free1, short[1]
+    assert_equal 0, short[0]
+    # Pool 2 holds 66,283 free of its own: 25%, and 11 requests.
+    assert_equal 0, short[2]
+    assert_equal 1, policy.grow_by_allocation(after_gc, short, budget: 64 << 20)
+    assert_nil policy.grow_by_allocation(after_gc, short, budget: 0), "no budget, no growth"
+  end
+
+  # Recorded on Ruby 3.4, "huge" shape: one request allocates 432k objects
+  # in pool 0, which after a GC holds 602k free: the next request fits, the
+  # one after does not, so a GC runs after every request unless pool 0 grows.
+  def test_no_full_mark_grows_the_pool_lacking_the_most_bytes
+    policy = Policy::NoFullMark.new
+    req = profile([432_000, 3_000, 20_000])
+    after_gc = pooled([[1_093_766, 491_040], [108_022, 90_000], [298_838, 199_835]])
+    short = policy.growth_shortfall(after_gc, req, cover: 2.1)
+    assert_in_delta (432_000 * 2.1) - 602_726, short[0], 1
+    assert_operator short[1], :>, 0, "pool 1 is under 20% + one request too"
+    # Pool 0 lacks ~12 MB, pool 1 ~0.2 MB: pool 0 is the one to run dry.
+    assert_equal 0, policy.grow_by_allocation(after_gc, short, budget: 1)
+    assert_nil policy.grow_by_allocation(after_gc, [0, 0, 0], budget: 64 << 20), "nothing short"
+  end
+
+  # Running a pool dry right after a GC, Ruby grows it by 1 / (1 - 0.4)
+  # (its free goal; the growth factor 1.8 caps it): two thirds of its bytes.
+  def test_no_full_mark_growth_step_is_two_thirds_of_the_pool
+    policy = Policy::NoFullMark.new
+    reading = pooled([[900_000, 450_000], [100_000, 80_000]])
+    assert_in_delta 900_000 * 40 * 2 / 3.0, policy.growth_step(reading, 0), 2
+    assert_in_delta 100_000 * 80 * 2 / 3.0, policy.growth_step(reading, 1), 2
+  end
+
+  def test_no_full_mark_growth_the_collector_made_resets_the_valve
+    policy = Policy::NoFullMark.new(valve_ratio: 2.0)
+    policy.collected(:major, pooled([[100_000, 50_000]], available: 100_000))
+    policy.collected(:grown, pooled([[180_000, 50_000]], available: 180_000))
+    refute policy.valve?(pooled([[300_000, 250_000]], available: 300_000, need_major_by: :nofree))
+    assert policy.valve?(pooled([[360_001, 250_000]], available: 360_001, need_major_by: :nofree))
   end
 
   # The issue's case: a fresh worker whose heap is smaller than what one

@@ -293,7 +293,14 @@ module Memkit
       def collect(kind, reading, lazy)
         @policy.collecting(reading, kind)
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-        GC.start(full_mark: kind == :major, immediate_sweep: !lazy)
+        majors = GC.stat(:major_gc_count)
+        pool = growing_pool(reading) if kind == :minor
+        ran = pool && run_dry(pool, reading)
+        ran ||= kind == :minor && lazy && @policy.malloc_due?(reading, @profile) && overrun_malloc(reading)
+        GC.start(full_mark: kind == :major, immediate_sweep: !lazy) unless ran
+        # A GC Ruby started (#run_dry, #overrun_malloc) is a major if Ruby had
+        # one pending that the reading did not show (Ruby 3.1 does not say).
+        kind = :major if ran && GC.stat(:major_gc_count) != majors
         Counters.record(kind == :major, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
         @policy.collected(kind, self.class.reading)
       end
@@ -307,7 +314,18 @@ module Memkit
           rss = HeapGrowth.rss_bytes
           @growth.bound((rss * RSS_SHARE).to_i) if rss
         end
-        short = @policy.shortfall(reading, @profile, cover: @cover, want: @want)
+        if @no_full_mark
+          count_dried
+          # Grown by the next minor GC due instead (#run_dry): no GC of its own.
+          short = @policy.growth_shortfall(reading, @profile, cover: @cover, want: @want)
+          # One growth at a time: what the last one added is known only once
+          # a GC has run since (the pages come as requests allocate).
+          settled = @dried_at.nil? || GC.count > @dried_at
+          @dry_pool = (@policy.grow_by_allocation(reading, short, budget: @growth.budget) if settled)
+          short = []
+        else
+          short = @policy.shortfall(reading, @profile, cover: @cover, want: @want)
+        end
         if short.any?(&:positive?) && @growth.budget.positive? && !@refused &&
            (@grown_at.nil? || @seen - @grown_at >= @regrow_after)
           @grown_at = @seen
@@ -323,6 +341,84 @@ module Memkit
         Counters.update(heap_slots: GC.stat(:heap_available_slots), heap_bytes: HeapGrowth.page_bytes,
                         heap_grown_bytes: @growth.grown_bytes, boot_env: boot_env(self.class.reading),
                         profile: @profile.to_h)
+      end
+
+      # Runs the GC due for malloc'd bytes as Ruby's own: mallocs (without
+      # touching) what is left below the malloc limit, so that Ruby collects
+      # for the overrun. At that GC Ruby raises the limit to 1.4 times what was
+      # malloc'd (up to RUBY_GC_MALLOC_LIMIT_MAX), as it does when a request
+      # overruns it, where a GC Ruby did not start for malloc lowers it by 2%:
+      # collected out of band by GC.start, the limit never rose and an app
+      # that mallocs megabytes a request collected every two or three of them
+      # (bench/notes/oobgc-count.md). Returns whether Ruby collected.
+      def overrun_malloc(reading)
+        stat = reading.fetch(:stat)
+        bytes = stat.fetch(:malloc_increase_bytes_limit) - GC.stat(:malloc_increase_bytes) + 1
+        return false unless bytes.positive?
+
+        count = GC.count
+        String.new(capacity: bytes)
+        GC.count != count
+      end
+
+      # Ruby 3.4+ with full marks off: the pool whose running dry makes the
+      # minor GC due grow the heap, chosen after the last GC (see
+      # Policy::NoFullMark#grow_by_allocation).
+      def growing_pool(_reading)
+        pool = @dry_pool
+        @dry_pool = nil
+        pool
+      end
+
+      # Slots allocated beyond the pool's free count before #run_dry stops
+      # waiting for Ruby to collect (GC.disable'd, or a count that was off).
+      RUN_DRY_MARGIN = 10_000
+
+      # Runs the due minor GC as Ruby's own: allocates garbage in `pool`
+      # until the pool is dry and Ruby collects, which then grows the heap
+      # (see Policy::NoFullMark#grow_by_allocation). Ruby sweeps that GC
+      # lazily; GC.disable finishes the sweep (the policies read free slots
+      # from a finished sweep). Returns false, with nothing collected, if Ruby
+      # did not collect within the pool's free slots and a margin.
+      def run_dry(pool, reading)
+        # GC turned off by the app: no GC would come (GC.start then runs none either).
+        return false if GC.disable
+
+        GC.enable
+        # GC.disable finished the sweep of the last GC if it was lazy: the
+        # pool's free slots are all on its free list now.
+        reading = self.class.reading if reading.fetch(:info)[:state] == :sweeping
+        @dry_base ||= HeapGrowth.eden_bytes
+        count = GC.count
+        limit = @policy.free(reading).fetch(pool) + RUN_DRY_MARGIN
+        length = HeapGrowth.filler_length(pool)
+        allocated = 0
+        while GC.count == count
+          return false if allocated > limit
+
+          Array.new(length)
+          allocated += 1
+        end
+        GC.enable unless GC.disable
+        @dried_at = GC.count
+        Counters.grew(0)
+        true
+      end
+
+      # The object pages the heap has gained since the first #run_dry, taken
+      # as the heap grows (the pages Ruby allows after a GC come as requests
+      # allocate), against the growth budget. Ruby's own growth since counts
+      # too: the bound is on the heap.
+      def count_dried
+        return unless @dry_base
+
+        added = HeapGrowth.eden_bytes - @dry_base - @growth.grown_bytes
+        return unless added.positive?
+
+        @growth.record(added)
+        Counters.grew(added, runs: 0)
+        # Growth the collector caused is not the valve's case.
+        @policy.collected(:grown, self.class.reading)
       end
 
       # A heap that even just collected cannot hold one request gains

@@ -117,8 +117,8 @@ module Memkit
           @stats.oob_seconds += seconds
         end
 
-        def grew(bytes)
-          @stats.grow_runs += 1
+        def grew(bytes, runs: 1)
+          @stats.grow_runs += runs
           @stats.heap_grown_bytes += bytes
         end
 

@@ -39,6 +39,17 @@ module Memkit
 
       def budget = [@max_bytes - @grown_bytes, 0].max
 
+      # Counts `bytes` the heap grew by other means against the budget.
+      def record(bytes)
+        @grown_bytes += bytes
+      end
+
+      # The length of an Array that fills one slot of pool `index` (embedded:
+      # 16 bytes of header and 8 per element, checked on 3.3 and 3.4).
+      def self.filler_length(index)
+        [(GC.stat_heap(index, :slot_size) - 16) / 8, 0].max
+      end
+
       # Lowers the bound to `bytes` in all (nil: unknown, no change).
       def bound(bytes)
         @max_bytes = [@max_bytes, bytes].min if bytes
@@ -88,11 +99,18 @@ module Memkit
       # decided to add as allocation needs them (what it costs in RSS).
       def self.page_bytes
         stat = GC.stat
-        page = GC::INTERNAL_CONSTANTS.fetch(:HEAP_PAGE_SIZE) do
+        pages = stat.fetch(:heap_eden_pages) + stat.fetch(:heap_allocatable_pages, 0)
+        shared = stat.fetch(:heap_allocatable_slots, 0) * GC::INTERNAL_CONSTANTS.fetch(:BASE_SLOT_SIZE, 40)
+        (pages * page_size) + shared
+      end
+
+      # Bytes of the object pages the heap holds now.
+      def self.eden_bytes = GC.stat(:heap_eden_pages) * page_size
+
+      def self.page_size
+        GC::INTERNAL_CONSTANTS.fetch(:HEAP_PAGE_SIZE) do
           GC::INTERNAL_CONSTANTS.fetch(:HEAP_PAGE_OBJ_LIMIT, 409) * GC::INTERNAL_CONSTANTS.fetch(:RVALUE_SIZE, 40)
         end
-        pages = stat.fetch(:heap_eden_pages) + stat.fetch(:heap_allocatable_pages, 0)
-        (pages * page) + (stat.fetch(:heap_allocatable_slots, 0) * GC::INTERNAL_CONSTANTS.fetch(:BASE_SLOT_SIZE, 40))
       end
 
       private
@@ -125,7 +143,7 @@ module Memkit
       # garbage must not fill pages of its own. Nothing else may allocate
       # here (a GC.stat Hash per object would fill another pool).
       def fill(index, capacity, held)
-        length = pools? ? [(slot_size(index) - 16) / 8, 0].max : nil
+        length = pools? ? self.class.filler_length(index) : nil
         count = (capacity * TOP).to_i - live(index)
         return unless count.positive?
 
@@ -138,8 +156,7 @@ module Memkit
         nil
       end
 
-      # An object that lands in the pool: an Array embeds its elements in its
-      # own slot, 16 bytes of header and 8 per element (checked on 3.3 and 3.4).
+      # An object that lands in the pool (see .filler_length).
       def filler(length)
         length ? Array.new(length) : Object.new
       end

@@ -95,6 +95,13 @@ module Memkit
         kind(reading)
       end
 
+      # Whether the GC due is due for malloc'd bytes alone: the pools hold the
+      # next request, the malloc limit does not.
+      def malloc_due?(reading, profile, headroom: @headroom)
+        !profile.empty? && !pools_short?(reading, profile.objects, headroom) &&
+          malloc_short?(reading, profile.malloc, headroom)
+      end
+
       # The GC #decide answers once one is due, as the heap stands: it moves
       # only when a GC runs, and with oldmalloc (see #oldmalloc_over?).
       def kind(reading)
@@ -274,7 +281,8 @@ module Memkit
       # and collect after most requests of an app that mallocs megabytes
       # (bench/oobgc_shapes.rb "malloc": 600 GCs where Ruby ran 61). So while
       # the limit is low the overrun is left to Ruby, which raises it; from
-      # 60% of the maximum on, the GC runs between requests.
+      # 60% of the maximum on, the GC runs between requests, as an overrun of
+      # Ruby's own (Collector#overrun_malloc), so that the limit keeps rising.
       def malloc_short?(reading, malloc, headroom)
         margin = malloc_margin(reading, malloc, headroom)
         !margin.nil? && margin.negative?

@@ -42,17 +42,73 @@ module Memkit
           margins
         end
 
-        # Swept at once: Ruby asks for a major (NOFREE) at the end of a sweep,
-        # and with full marks off it grows the heap instead if that comes
-        # mid-request.
-        def sweep_lazily?(_reading, _profile) = false
-
+        # kind :grown: the collector grew the heap, which the valve must not
+        # take for Ruby's growth.
         def collected(kind, reading)
-          @baseline = available(reading) if kind == :major || @baseline.nil?
+          @baseline = available(reading) if kind == :major || kind == :grown || @baseline.nil?
         end
 
         def observe(reading, allocated_before: nil)
           @baseline ||= available(reading)
+        end
+
+        # Which pool the collector should run dry, instead of calling
+        # GC.start, to have the next minor GC due grow the heap: of the pools
+        # lacking slots in `short` (#growth_shortfall), the one lacking the
+        # most bytes whose growth step fits in `budget` bytes; nil if none.
+        # `reading` is the heap just after a GC.
+        #
+        # With full marks off, Ruby grows the heap only after a GC that
+        # allocation started (heap_prepare), as pages any pool may take, and
+        # a major grows a pool only if its sweep freed more than it found
+        # free, which the major run right after a minor never does.
+        # Out-of-band GCs are started by GC.start, so a heap collected only
+        # out of band never grew, and a pool left under 20% free asked for a
+        # major (`:nofree`) every third minor (bench/notes/oobgc-count.md).
+        def grow_by_allocation(reading, short, budget:)
+          heaps = reading.fetch(:heaps)
+          sizes = heaps.map { |h| h.fetch(:slot_size, BASE_SLOT_SIZE) }
+          return unless budget.positive?
+
+          short.each_index.select { |i| short[i].positive? }.max_by { |i| short[i] * sizes.fetch(i) }
+        end
+
+        # Ruby's growth factor (RUBY_GC_HEAP_GROWTH_FACTOR) and free goal
+        # (GC_HEAP_FREE_SLOTS_GOAL_RATIO) defaults.
+        GROWTH_FACTOR = 1.8
+        GOAL_RATIO = 0.4
+
+        # Bytes Ruby may add when pool `index` runs dry: heap_prepare grows the
+        # heap to `f` times the pool's slots, where `f` would leave the goal
+        # ratio free counting the slots the sweep has freed so far, at most the
+        # growth factor. Right after the GC the sweep has hardly begun, so `f`
+        # is near 1 / (1 - goal ratio): two thirds of the pool's bytes.
+        def growth_step(reading, index)
+          h = reading.fetch(:heaps).fetch(index)
+          f = [1 / (1 - GOAL_RATIO), GROWTH_FACTOR].min
+          ((f - 1) * h.fetch(:heap_eden_slots) * h.fetch(:slot_size, BASE_SLOT_SIZE)).ceil
+        end
+
+        # Slots per pool the heap lacks, just after a GC, to hold `cover`
+        # requests (see #shortfall), or to keep Ruby's free minimum
+        # (MIN_FREE_RATIO) and one request more: a pool swept to less than
+        # that makes Ruby ask for a `:nofree` major within three minors, and
+        # that major, run right after a minor, frees nothing and grows
+        # nothing. The shared allocatable slots do not count: the next GC that
+        # allocation did not start sets them back to zero.
+        def growth_shortfall(reading, profile, cover:, want: cover)
+          stat = reading.fetch(:stat)
+          own = reading.merge(stat: stat.merge(heap_allocatable_slots: 0))
+          free = free(own)
+          objects = profile.objects
+          short = shortfall(own, profile, cover: cover, want: want)
+          reading.fetch(:heaps).each_with_index.map do |h, i|
+            need = objects.fetch(i, 0)
+            next short[i] unless need.positive?
+
+            floor = (h.fetch(:heap_eden_slots) * @min_free_ratio).ceil + need - free[i]
+            [short[i], floor].max
+          end
         end
 
         def valve?(reading)
