@@ -159,7 +159,8 @@ module OobgcRails
       memory = probes.map { |p| p["memory"] }.compact
       result.merge(
         server: server, mode: mode, load: load, ruby: RUBY_VERSION, workers: probes.size,
-        requests: sum.("requests"), gc_total: sum.("gc_total"), gc_major: sum.("gc_major"),
+        requests: sum.("requests"), allocated: sum.("allocated"), gc_total: sum.("gc_total"),
+        gc_major: sum.("gc_major"),
         gc_inside: sum.("gc_inside"), gc_inside_major: sum.("gc_inside_major"),
         rss_kb: sum.("rss_kb").fdiv([probes.size, 1].max), heap_slots: sum.("heap_slots").fdiv([probes.size, 1].max),
         boot_env: oob.map { |o| o["boot_env"] }.reject { |e| e.nil? || e.empty? }.max_by { |e| e.values.sum } || {},

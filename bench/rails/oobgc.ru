@@ -55,6 +55,7 @@ module BenchRails
 
     def zero
       @gc = GC.count
+      @allocated = GC.stat(:total_allocated_objects)
       @major = GC.stat(:major_gc_count)
       @inside = 0
       @inside_major = 0
@@ -90,7 +91,8 @@ module BenchRails
       oob = oob_stats
       window = oob && @oob0 && %i[oob_minor oob_major grow_runs heap_grown_bytes].to_h { |k| [k, oob[k] - @oob0[k]] }
       File.write(File.join(@dir, "gc-#{Process.pid}.json"), JSON.generate(
-        requests: @requests, gc_total: GC.count - @gc, gc_major: GC.stat(:major_gc_count) - @major,
+        requests: @requests, allocated: GC.stat(:total_allocated_objects) - @allocated,
+        gc_total: GC.count - @gc, gc_major: GC.stat(:major_gc_count) - @major,
         gc_inside: @inside, gc_inside_major: @inside_major, heap_slots: GC.stat(:heap_available_slots),
         rss_kb: File.read("/proc/self/status")[/VmRSS:\s+(\d+)/, 1].to_i, oob: oob, oob_window: window,
         inside_by: @inside_by, rss_mean_kb: @rss.empty? ? nil : @rss.sum.fdiv(@rss.size).round,
