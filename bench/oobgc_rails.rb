@@ -20,7 +20,9 @@
 # prototype change to OobGC, measured without editing lib/); --label names
 # such a run in the tables. Besides the GC counts, each row keeps why the
 # GCs inside requests ran (gc_by/major_by), the workers' RSS sampled every 25
-# requests (mean), and at exit the object heap's pages and malloc's arenas.
+# requests (mean), and at exit the object heap's pages and the RSS by kind
+# of mapping: brk (glibc's main arena), anonymous >= 32 MB (3.1's transient
+# heap), other anonymous (3.3+'s object pages, large malloc blocks).
 #
 # Each mode boots the server fresh, warms it until every worker has served
 # 100 requests (the GC probe in bench/rails/oobgc.ru counts from each
@@ -236,13 +238,13 @@ module OobgcRails
     rows = rows.map { |r| r.transform_keys(&:to_sym) }
     rows.each { |r| r[:mode] = "#{r[:mode]}:#{r[:label]}" if r[:label] && !r[:mode].include?(":") }
     header = %w[ruby server mode load req/s p50_ms p99_ms requests gc_runs majors inside inside_major outside%
-                gc/req rss_MB rss_mean_MB heap_pages_MB malloc_arena_MB heap_slots]
+                gc/req rss_MB rss_mean_MB heap_pages_MB brk_MB anon32_MB anon_MB heap_slots]
     table = rows.map do |r|
       m = r[:memory] || {}
       [r[:ruby], r[:server], r[:mode], r[:load], format("%.1f", r[:rps]), format("%.1f", r[:p50].to_f),
        format("%.1f", r[:p99].to_f), r[:requests], r[:gc_total], r[:gc_major], r[:gc_inside], r[:gc_inside_major],
        outside(r), format("%.4f", per_request(r)), mb(r[:rss_kb]), mb(r[:rss_mean_kb]), mb(m[:heap_pages_kb]),
-       mb(m[:malloc_arena_kb]), r[:heap_slots].round]
+       mb(m[:brk_kb]), mb(m[:anon_big_kb]), mb(m[:anon_kb]), r[:heap_slots].round]
     end
     puts Memkit::CLI.table(header, table, left: [0, 1, 2, 3])
     puts

@@ -82,7 +82,30 @@ module BenchRails
         oldmalloc_limit: stat[:oldmalloc_increase_bytes_limit], old_objects: stat[:old_objects],
         old_objects_limit: stat[:old_objects_limit],
         malloc_arena_kb: m && (m.arena + m.hblkhd) / 1024, malloc_used_kb: m && (m.uordblks + m.hblkhd) / 1024,
-        hwm_kb: File.read("/proc/self/status")[/VmHWM:\s+(\d+)/, 1].to_i }
+        hwm_kb: File.read("/proc/self/status")[/VmHWM:\s+(\d+)/, 1].to_i, **smaps }
+    end
+
+    # Resident kB by kind of mapping: the brk heap (glibc's main arena),
+    # anonymous mappings of 32 MB or more (Ruby 3.1's transient heap; glibc
+    # arenas of other threads are 64 MB reservations), other anonymous
+    # mappings (Ruby 3.3+'s object pages, mmap'd malloc blocks, stacks), files.
+    def smaps
+      out = Hash.new(0)
+      kind = nil
+      File.foreach("/proc/self/smaps") do |line|
+        if (m = line.match(/\A(\h+)-(\h+) \S+ \S+ \S+ (\d+)\s*(.*)$/))
+          size = m[2].hex - m[1].hex
+          name = m[4].strip
+          kind = if name == "[heap]" then :brk_kb
+                 elsif !m[3].to_i.zero? || name.start_with?("/") then :file_kb
+                 elsif size >= (32 << 20) then :anon_big_kb
+                 else :anon_kb
+                 end
+        elsif kind && (r = line[/\ARss:\s+(\d+)/, 1])
+          out[kind] += r.to_i
+        end
+      end
+      out
     end
 
     def write
