@@ -158,7 +158,7 @@ module OobgcRails
       sum = ->(key) { probes.sum { |p| p[key].to_i } }
       oob = probes.map { |p| p["oob"] }.compact
       mean = ->(list) { (l = list.compact).empty? ? nil : l.sum.fdiv(l.size) }
-      memory = probes.map { |p| p["memory"] }.compact
+      memory = probes.map { |p| p["memory"]&.transform_keys(&:to_sym) }.compact
       result.merge(
         server: server, mode: mode, load: load, ruby: RUBY_VERSION, workers: probes.size,
         requests: sum.("requests"), allocated: sum.("allocated"), gc_total: sum.("gc_total"),
