@@ -16,7 +16,8 @@
 #   bundle exec ruby bench/oobgc_rails.rb --report rows.jsonl
 #
 # --modes memkit,none,heap picks the modes (heap needs a memkit run first, or
-# --boot-env K=V,...); --patch FILE has each worker load FILE after memkit (a
+# --boot-env K=V,...; --anchor actual: on Ruby 3.1, heap at the slots memkit's
+# workers had at exit instead of the INIT_SLOTS memkit advises); --patch FILE has each worker load FILE after memkit (a
 # prototype change to OobGC, measured without editing lib/); --label names
 # such a run in the tables. Besides the GC counts, each row keeps why the
 # GCs inside requests ran (gc_by/major_by), the workers' RSS sampled every 25
@@ -192,6 +193,9 @@ module OobgcRails
       o.on("--modes LIST", Array, "memkit,none,heap (default all three)") { |v| opts[:modes] = v }
       o.on("--patch FILE", "memkit mode's workers load FILE after memkit") { |v| opts[:patch] = v }
       o.on("--label NAME", "names this run's rows in the tables") { |v| opts[:label] = v }
+      o.on("--anchor KIND", "heap mode at memkit's advised boot_env (advised) or its heap at exit (actual)") do |v|
+        opts[:anchor] = v
+      end
       o.on("--boot-env LIST", Array, "heap mode's RUBY_GC_* values, K=V,...") do |v|
         opts[:boot_env] = v.to_h { |kv| kv.split("=", 2) }
       end
@@ -223,6 +227,10 @@ module OobgcRails
       mk = record.call(cell(server, "memkit", "saturated", opts)) if modes.include?("memkit")
       none = record.call(cell(server, "none", "saturated", opts)) if modes.include?("none")
       boot_env = opts[:boot_env] || mk&.fetch(:boot_env)
+      # Ruby 3.1 (one heap): Ruby alone at the heap memkit's workers ended
+      # with, rather than at the INIT_SLOTS memkit advises.
+      boot_env = { "RUBY_GC_HEAP_INIT_SLOTS" => mk[:heap_slots].round } if opts[:anchor] == "actual" && mk &&
+                                                                             boot_env.keys == ["RUBY_GC_HEAP_INIT_SLOTS"]
       record.call(cell(server, "heap", "saturated", opts, boot_env: boot_env)) if modes.include?("heap") && boot_env
       next unless opts[:paced] && mk && none
 
