@@ -229,8 +229,9 @@ module OobgcRails
       boot_env = opts[:boot_env] || mk&.fetch(:boot_env)
       # Ruby 3.1 (one heap): Ruby alone at the heap memkit's workers ended
       # with, rather than at the INIT_SLOTS memkit advises.
-      boot_env = { "RUBY_GC_HEAP_INIT_SLOTS" => mk[:heap_slots].round } if opts[:anchor] == "actual" && mk &&
-                                                                             boot_env.keys == ["RUBY_GC_HEAP_INIT_SLOTS"]
+      if opts[:anchor] == "actual" && mk && boot_env.keys == ["RUBY_GC_HEAP_INIT_SLOTS"]
+        boot_env = { "RUBY_GC_HEAP_INIT_SLOTS" => mk[:heap_slots].round }
+      end
       record.call(cell(server, "heap", "saturated", opts, boot_env: boot_env)) if modes.include?("heap") && boot_env
       next unless opts[:paced] && mk && none
 
