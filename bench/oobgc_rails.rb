@@ -269,13 +269,16 @@ module OobgcRails
       by.each do |mode, mk|
         next unless mode.start_with?("memkit")
 
+        label = mode.split(":", 2)[1]
+
         line = format("Ruby %s %-7s %-9s %s: %s%% of GC runs out of requests, %d majors inside", ruby, server, load,
                       mode, outside(mk), mk[:gc_inside_major])
-        if (heap = by["heap"])
-          line << format("; GC/req %.2fx heap (Ruby alone at memkit's heap size)", per_request(mk) / per_request(heap))
+        if (heap = by["heap:#{label}"] || by["heap"])
+          line << format("; GC/req %.2fx %s (Ruby alone at %s)", per_request(mk) / per_request(heap), heap[:mode],
+                         heap[:boot_env_used]&.map { |k, v| "#{k}=#{v}" }&.join(" ") || "memkit's heap size")
           line << format(", p99 %.2fx heap", mk[:p99].to_f / heap[:p99].to_f)
         end
-        if (none = by["none"])
+        if (none = by["none:#{label}"] || by["none"])
           line << format(", GC/req %.2fx none; req/s %.2fx none, p99 %.2fx none, RSS %.2fx none (mean %.2fx)",
                          per_request(mk) / per_request(none), mk[:rps] / none[:rps], mk[:p99].to_f / none[:p99].to_f,
                          mk[:rss_kb] / none[:rss_kb], mk[:rss_mean_kb].to_f / [none[:rss_mean_kb].to_f, 1].max)
