@@ -15,6 +15,16 @@
 #       [--servers unicorn,puma] [--duration 20] [--connections 4] [--paced] [--out rows.jsonl]
 #   bundle exec ruby bench/oobgc_rails.rb --report rows.jsonl
 #
+# --modes memkit,none,heap picks the modes (heap needs a memkit run first, or
+# --boot-env K=V,...; --anchor actual: on Ruby 3.1, heap at the slots memkit's
+# workers had at exit instead of the INIT_SLOTS memkit advises); --patch FILE has each worker load FILE after memkit (a
+# prototype change to OobGC, measured without editing lib/); --label names
+# such a run in the tables. Besides the GC counts, each row keeps why the
+# GCs inside requests ran (gc_by/major_by), the workers' RSS sampled every 25
+# requests (mean), and at exit the object heap's pages and the RSS by kind
+# of mapping: brk (glibc's main arena), anonymous >= 32 MB (3.1's transient
+# heap), other anonymous (3.3+'s object pages, large malloc blocks).
+#
 # Each mode boots the server fresh, warms it until every worker has served
 # 100 requests (the GC probe in bench/rails/oobgc.ru counts from each
 # worker's 101st), then drives it with wrk for --duration seconds through a
@@ -34,6 +44,10 @@ require "fileutils"
 module OobgcRails
   DIR = File.expand_path("rails", __dir__)
   DB = ENV.fetch("BENCH_RAILS_DB", File.join(Dir.tmpdir, "memkit-bench-rails.sqlite3"))
+  # Another Gemfile for the app where its lock does not install as it is
+  # (Ruby 3.4: sqlite3 1.7.3 has no x86_64-linux build for 3.4, and the
+  # chroot's frozen bundler will not add the source gem to the shared lock).
+  GEMFILE = ENV.fetch("BENCH_RAILS_GEMFILE", File.join(DIR, "Gemfile"))
   WORKERS = 2
   SKIP = 100
 
@@ -71,12 +85,13 @@ module OobgcRails
     path
   end
 
-  def start(server, mode, dir, boot_env)
+  def start(server, mode, dir, boot_env, patch = nil)
     port = Memkit::Loopback.free_port
     log = File.join(dir, "#{server}.log")
-    env = { "BUNDLE_GEMFILE" => File.join(DIR, "Gemfile"), "BENCH_RAILS_DB" => DB, "COW_MEMKIT" => "plain",
+    env = { "BUNDLE_GEMFILE" => GEMFILE, "BENCH_RAILS_DB" => DB, "COW_MEMKIT" => "plain",
             "COW_PORT" => port.to_s, "COW_WORKERS" => WORKERS.to_s, "RUBYOPT" => nil, "BUNDLE_BIN_PATH" => nil,
-            "OOBGC" => mode == "memkit" ? "1" : nil, "OOBGC_DIR" => dir, "OOBGC_SKIP" => SKIP.to_s }
+            "OOBGC" => mode == "memkit" ? "1" : nil, "OOBGC_DIR" => dir, "OOBGC_SKIP" => SKIP.to_s,
+            "OOBGC_PATCH" => mode == "memkit" && patch ? File.expand_path(patch) : nil }
     env.merge!(boot_env.transform_values(&:to_s)) if mode == "heap"
     # A rackup file on Puma's command line overrides the one in puma.rb.
     argv = server == "unicorn" ? %w[unicorn -c unicorn.rb oobgc.ru] : %w[puma -C puma.rb oobgc.ru]
@@ -126,7 +141,7 @@ module OobgcRails
   def cell(server, mode, load, opts, boot_env: {}, pace: 0)
     Dir.mktmpdir("memkit-oobgc-rails") do |dir|
       script = lua(dir)
-      pid, port = start(server, mode, dir, boot_env)
+      pid, port = start(server, mode, dir, boot_env, opts[:patch])
       begin
         # Rails requests take 5-30 ms: this many seconds of saturated load
         # gives each worker well over SKIP requests.
@@ -143,20 +158,31 @@ module OobgcRails
       warn "#{server} #{mode}: #{probes.size} of #{WORKERS} workers reported" if probes.size < WORKERS
       sum = ->(key) { probes.sum { |p| p[key].to_i } }
       oob = probes.map { |p| p["oob"] }.compact
+      mean = ->(list) { (l = list.compact).empty? ? nil : l.sum.fdiv(l.size) }
+      memory = probes.map { |p| p["memory"]&.transform_keys(&:to_sym) }.compact
       result.merge(
         server: server, mode: mode, load: load, ruby: RUBY_VERSION, workers: probes.size,
-        requests: sum.("requests"), gc_total: sum.("gc_total"), gc_major: sum.("gc_major"),
+        requests: sum.("requests"), allocated: sum.("allocated"), gc_total: sum.("gc_total"),
+        gc_major: sum.("gc_major"),
         gc_inside: sum.("gc_inside"), gc_inside_major: sum.("gc_inside_major"),
         rss_kb: sum.("rss_kb").fdiv([probes.size, 1].max), heap_slots: sum.("heap_slots").fdiv([probes.size, 1].max),
         boot_env: oob.map { |o| o["boot_env"] }.reject { |e| e.nil? || e.empty? }.max_by { |e| e.values.sum } || {},
         gave_up: oob.map { |o| o["gave_up"] }.compact.first, heap_grown: oob.sum { |o| o["heap_grown_bytes"].to_i },
-        boot_env_used: mode == "heap" ? boot_env : nil
+        boot_env_used: mode == "heap" ? boot_env : nil, label: opts[:label],
+        inside_by: probes.map { |p| p["inside_by"] || {} }.reduce({}) { |a, b| a.merge(b) { |_, x, y| x + y } },
+        oob_window: probes.map { |p| p["oob_window"] }.compact.reduce(nil) do |a, b|
+          a ? a.merge(b) { |_, x, y| x + y } : b
+        end,
+        rss_mean_kb: mean.(probes.map { |p| p["rss_mean_kb"] }), rss_max_kb: mean.(probes.map { |p| p["rss_max_kb"] }),
+        memory: memory.empty? ? nil : memory.first.keys.to_h { |k| [k, mean.(memory.map { |m| m[k] })&.round] },
+        profile: oob.map { |o| o["profile"] }.compact.first
       )
     end
   end
 
   def main(argv)
-    opts = { servers: %w[unicorn puma], duration: 20, warmup: 8, connections: 4, paced: false, out: nil }
+    opts = { servers: %w[unicorn puma], duration: 20, warmup: 8, connections: 4, paced: false, out: nil,
+             modes: %w[memkit none heap], patch: nil, label: nil, boot_env: nil }
     OptionParser.new do |o|
       o.on("--servers LIST", Array) { |v| opts[:servers] = v }
       o.on("--duration S", Integer) { |v| opts[:duration] = v }
@@ -164,6 +190,15 @@ module OobgcRails
       o.on("--connections N", Integer) { |v| opts[:connections] = v }
       o.on("--paced", "also a run at ~60% of none's throughput, for p99") { opts[:paced] = true }
       o.on("--out FILE", "append each cell as a JSON line") { |v| opts[:out] = v }
+      o.on("--modes LIST", Array, "memkit,none,heap (default all three)") { |v| opts[:modes] = v }
+      o.on("--patch FILE", "memkit mode's workers load FILE after memkit") { |v| opts[:patch] = v }
+      o.on("--label NAME", "names this run's rows in the tables") { |v| opts[:label] = v }
+      o.on("--anchor KIND", "heap mode at memkit's advised boot_env (advised) or its heap at exit (actual)") do |v|
+        opts[:anchor] = v
+      end
+      o.on("--boot-env LIST", Array, "heap mode's RUBY_GC_* values, K=V,...") do |v|
+        opts[:boot_env] = v.to_h { |kv| kv.split("=", 2) }
+      end
       o.on("--report FILES", Array, "print the tables of earlier runs, run nothing") { |v| opts[:report] = v }
     end.parse!(argv)
     if opts[:report]
@@ -180,17 +215,25 @@ module OobgcRails
       rows << row
       File.open(opts[:out], "a") { |f| f.puts(JSON.generate(row)) } if opts[:out]
       $stderr.puts format("%s %s %s %s: %.1f req/s p99 %.1f ms; %d requests, gc %d (major %d), " \
-                          "inside %d (major %d)%s",
+                          "inside %d (major %d) by %s; rss mean %.1f MB%s",
                           Time.now.utc.strftime("%T"), row[:server], row[:mode], row[:load], row[:rps], row[:p99].to_f,
                           row[:requests], row[:gc_total], row[:gc_major], row[:gc_inside], row[:gc_inside_major],
-                          row[:mode] == "memkit" ? " boot_env #{row[:boot_env]}" : "")
+                          row[:inside_by], row[:rss_mean_kb].to_f / 1024,
+                          row[:mode] == "memkit" ? " boot_env #{row[:boot_env]} window #{row[:oob_window]}" : "")
       row
     end
     opts[:servers].each do |server|
-      mk = record.call(cell(server, "memkit", "saturated", opts))
-      none = record.call(cell(server, "none", "saturated", opts))
-      record.call(cell(server, "heap", "saturated", opts, boot_env: mk[:boot_env]))
-      next unless opts[:paced]
+      modes = opts[:modes]
+      mk = record.call(cell(server, "memkit", "saturated", opts)) if modes.include?("memkit")
+      none = record.call(cell(server, "none", "saturated", opts)) if modes.include?("none")
+      boot_env = opts[:boot_env] || mk&.fetch(:boot_env)
+      # Ruby 3.1 (one heap): Ruby alone at the heap memkit's workers ended
+      # with, rather than at the INIT_SLOTS memkit advises.
+      if opts[:anchor] == "actual" && mk && boot_env.keys == ["RUBY_GC_HEAP_INIT_SLOTS"]
+        boot_env = { "RUBY_GC_HEAP_INIT_SLOTS" => mk[:heap_slots].round }
+      end
+      record.call(cell(server, "heap", "saturated", opts, boot_env: boot_env)) if modes.include?("heap") && boot_env
+      next unless opts[:paced] && mk && none
 
       pace = [(1000.0 * opts[:connections] / (none[:rps] * 0.6) - none[:p50].to_f).round, 1].max
       %w[none memkit heap].each do |mode|
@@ -202,34 +245,52 @@ module OobgcRails
 
   def report(rows)
     rows = rows.map { |r| r.transform_keys(&:to_sym) }
+    rows.each { |r| r[:mode] = "#{r[:mode]}:#{r[:label]}" if r[:label] && !r[:mode].include?(":") }
     header = %w[ruby server mode load req/s p50_ms p99_ms requests gc_runs majors inside inside_major outside%
-                gc/req rss_MB/worker heap_slots/worker]
+                gc/req rss_MB rss_mean_MB heap_pages_MB brk_MB anon32_MB anon_MB heap_slots]
     table = rows.map do |r|
+      m = r[:memory] || {}
       [r[:ruby], r[:server], r[:mode], r[:load], format("%.1f", r[:rps]), format("%.1f", r[:p50].to_f),
        format("%.1f", r[:p99].to_f), r[:requests], r[:gc_total], r[:gc_major], r[:gc_inside], r[:gc_inside_major],
-       outside(r), format("%.3f", per_request(r)), format("%.1f", r[:rss_kb] / 1024.0), r[:heap_slots].round]
+       outside(r), format("%.4f", per_request(r)), mb(r[:rss_kb]), mb(r[:rss_mean_kb]), mb(m[:heap_pages_kb]),
+       mb(m[:brk_kb]), mb(m[:anon_big_kb]), mb(m[:anon_kb]), r[:heap_slots].round]
     end
     puts Memkit::CLI.table(header, table, left: [0, 1, 2, 3])
     puts
-    rows.group_by { |r| [r[:ruby], r[:server], r[:load]] }.each do |(ruby, server, load), list|
-      by = list.to_h { |r| [r[:mode], r] }
-      next unless by["memkit"]
+    rows.each do |r|
+      next if r[:inside_by].nil? || r[:inside_by].empty?
 
-      mk = by["memkit"]
-      line = format("Ruby %s %-7s %-9s memkit: %s%% of GC runs out of requests", ruby, server, load, outside(mk))
-      if (heap = by["heap"])
-        line << format("; GC/req %.2fx heap (Ruby alone at memkit's heap size)", per_request(mk) / per_request(heap))
-        line << format(", p99 %.2fx heap", mk[:p99].to_f / heap[:p99].to_f)
+      puts format("  %s %s %s %s: GCs inside requests by gc_by/major_by %s", r[:ruby], r[:server], r[:mode], r[:load],
+                  r[:inside_by].map { |k, v| "#{k} #{v}" }.join(", "))
+    end
+    puts
+    rows.group_by { |r| [r[:ruby], r[:server], r[:load]] }.each do |(ruby, server, load), list|
+      by = list.group_by { |r| r[:mode] }.transform_values(&:last)
+      by.each do |mode, mk|
+        next unless mode.start_with?("memkit")
+
+        label = mode.split(":", 2)[1]
+
+        line = format("Ruby %s %-7s %-9s %s: %s%% of GC runs out of requests, %d majors inside", ruby, server, load,
+                      mode, outside(mk), mk[:gc_inside_major])
+        if (heap = by["heap:#{label}"] || by["heap"])
+          line << format("; GC/req %.2fx %s (Ruby alone at %s)", per_request(mk) / per_request(heap), heap[:mode],
+                         heap[:boot_env_used]&.map { |k, v| "#{k}=#{v}" }&.join(" ") || "memkit's heap size")
+          line << format(", p99 %.2fx heap", mk[:p99].to_f / heap[:p99].to_f)
+        end
+        if (none = by["none:#{label}"] || by["none"])
+          line << format(", GC/req %.2fx none; req/s %.2fx none, p99 %.2fx none, RSS %.2fx none (mean %.2fx)",
+                         per_request(mk) / per_request(none), mk[:rps] / none[:rps], mk[:p99].to_f / none[:p99].to_f,
+                         mk[:rss_kb] / none[:rss_kb], mk[:rss_mean_kb].to_f / [none[:rss_mean_kb].to_f, 1].max)
+        end
+        puts line
+        puts "  #{mode}'s boot_env: #{mk[:boot_env]}; gave_up: #{mk[:gave_up] || '-'}; " \
+             "in the window: #{mk[:oob_window] || '-'}; profile: #{mk[:profile] || '-'}"
       end
-      if (none = by["none"])
-        line << format(", GC/req %.2fx none; req/s %.2fx none, p99 %.2fx none, RSS %.2fx none",
-                       per_request(mk) / per_request(none), mk[:rps] / none[:rps], mk[:p99].to_f / none[:p99].to_f,
-                       mk[:rss_kb] / none[:rss_kb])
-      end
-      puts line
-      puts "  memkit's boot_env: #{mk[:boot_env]}; gave_up: #{mk[:gave_up] || '-'}"
     end
   end
+
+  def mb(kb) = kb ? format("%.1f", kb / 1024.0) : "-"
 
   def outside(r) = r[:gc_total].zero? ? "-" : format("%.1f", 100.0 * (r[:gc_total] - r[:gc_inside]) / r[:gc_total])
 

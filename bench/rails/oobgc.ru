@@ -2,19 +2,28 @@
 
 # rackup file for bench/oobgc_rails.rb: the bench Rails app, preloaded in the
 # master, with a GC probe outermost and, when OOBGC=1, `use Memkit::OobGC`
-# (default options) between the probe and Rails.
+# (default options) between the probe and Rails; OOBGC_PATCH names a file
+# loaded after memkit (a prototype change, measured without editing lib/).
 #
 # The probe counts, per worker, from its OOBGC_SKIP+1st request: requests,
 # GC runs in all, GC runs (and majors) that started and ended inside a
 # request. Each worker writes them, with its RSS and Memkit::OobGC.stats, to
 # OOBGC_DIR/gc-PID.json when it exits. Single-threaded workers only.
+#
+# For the RSS and GC-count diagnosis it also keeps: why each GC inside a
+# request ran (GC.latest_gc_info's gc_by and major_by after it; the last one
+# where a request saw several), the worker's RSS sampled every SAMPLE
+# requests (mean and largest), and at exit what the RSS is made of: the
+# object heap's pages, and glibc's malloc arenas (mallinfo2) where present.
 require "json"
+require "memkit/libc"
 require_relative "app"
 Rails.application.initialize!
 
 module BenchRails
   class GcProbe
     SKIP = Integer(ENV.fetch("OOBGC_SKIP", "100"))
+    SAMPLE = 25
 
     def initialize(app, dir)
       @app = app
@@ -30,9 +39,15 @@ module BenchRails
       count = GC.count
       major = GC.stat(:major_gc_count)
       response = @app.call(env)
-      @inside += GC.count - count
-      @inside_major += GC.stat(:major_gc_count) - major
+      if (ran = GC.count - count).positive?
+        @inside += ran
+        @inside_major += GC.stat(:major_gc_count) - major
+        info = GC.latest_gc_info
+        key = "#{info[:gc_by]}/#{info[:major_by] || 'minor'}"
+        @inside_by[key] = @inside_by.fetch(key, 0) + ran
+      end
       @requests += 1
+      sample if (@requests % SAMPLE).zero?
       response
     end
 
@@ -40,25 +55,78 @@ module BenchRails
 
     def zero
       @gc = GC.count
+      @allocated = GC.stat(:total_allocated_objects)
       @major = GC.stat(:major_gc_count)
       @inside = 0
       @inside_major = 0
+      @inside_by = {}
       @requests = 0
+      @rss = []
+      @oob0 = oob_stats
+    end
+
+    def rss_kb = File.read("/proc/self/statm").split[1].to_i * 4
+
+    def sample = @rss << rss_kb
+
+    def oob_stats = (Memkit::OobGC.stats.to_h if defined?(Memkit::OobGC::Counters))
+
+    def memory
+      page = GC::INTERNAL_CONSTANTS.fetch(:HEAP_PAGE_SIZE) do
+        GC::INTERNAL_CONSTANTS.fetch(:HEAP_PAGE_OBJ_LIMIT, 409) * GC::INTERNAL_CONSTANTS.fetch(:RVALUE_SIZE, 40)
+      end
+      stat = GC.stat
+      m = Memkit::Libc.mallinfo2
+      { heap_pages_kb: stat.fetch(:heap_eden_pages) * page / 1024, heap_live_slots: stat.fetch(:heap_live_slots),
+        heap_free_slots: stat.fetch(:heap_free_slots), malloc_limit: stat.fetch(:malloc_increase_bytes_limit),
+        oldmalloc_limit: stat[:oldmalloc_increase_bytes_limit], old_objects: stat[:old_objects],
+        old_objects_limit: stat[:old_objects_limit],
+        malloc_arena_kb: m && (m.arena + m.hblkhd) / 1024, malloc_used_kb: m && (m.uordblks + m.hblkhd) / 1024,
+        hwm_kb: File.read("/proc/self/status")[/VmHWM:\s+(\d+)/, 1].to_i, **smaps }
+    end
+
+    # Resident kB by kind of mapping: the brk heap (glibc's main arena),
+    # anonymous mappings of 32 MB or more (Ruby 3.1's transient heap; glibc
+    # arenas of other threads are 64 MB reservations), other anonymous
+    # mappings (Ruby 3.3+'s object pages, mmap'd malloc blocks, stacks), files.
+    def smaps
+      out = Hash.new(0)
+      kind = nil
+      File.foreach("/proc/self/smaps") do |line|
+        if (m = line.match(/\A(\h+)-(\h+) \S+ \S+ \S+ (\d+)\s*(.*)$/))
+          size = m[2].hex - m[1].hex
+          name = m[4].strip
+          kind = if name == "[heap]" then :brk_kb
+                 elsif !m[3].to_i.zero? || name.start_with?("/") then :file_kb
+                 elsif size >= (32 << 20) then :anon_big_kb
+                 else :anon_kb
+                 end
+        elsif kind && (r = line[/\ARss:\s+(\d+)/, 1])
+          out[kind] += r.to_i
+        end
+      end
+      out
     end
 
     def write
       return if @dir.nil? || @seen <= SKIP
 
-      oob = (Memkit::OobGC.stats.to_h if defined?(Memkit::OobGC::Counters))
+      oob = oob_stats
+      window = oob && @oob0 && %i[oob_minor oob_major grow_runs heap_grown_bytes].to_h { |k| [k, oob[k] - @oob0[k]] }
       File.write(File.join(@dir, "gc-#{Process.pid}.json"), JSON.generate(
-        requests: @requests, gc_total: GC.count - @gc, gc_major: GC.stat(:major_gc_count) - @major,
+        requests: @requests, allocated: GC.stat(:total_allocated_objects) - @allocated,
+        gc_total: GC.count - @gc, gc_major: GC.stat(:major_gc_count) - @major,
         gc_inside: @inside, gc_inside_major: @inside_major, heap_slots: GC.stat(:heap_available_slots),
-        rss_kb: File.read("/proc/self/status")[/VmRSS:\s+(\d+)/, 1].to_i, oob: oob
+        rss_kb: File.read("/proc/self/status")[/VmRSS:\s+(\d+)/, 1].to_i, oob: oob, oob_window: window,
+        inside_by: @inside_by, rss_mean_kb: @rss.empty? ? nil : @rss.sum.fdiv(@rss.size).round,
+        rss_max_kb: @rss.max, memory: memory
       ))
     end
   end
 end
 
 use BenchRails::GcProbe, ENV.fetch("OOBGC_DIR", nil)
+# A prototype change to OobGC (bench/oobgc_rails.rb --patch), loaded over memkit's own.
+require ENV["OOBGC_PATCH"] if ENV["OOBGC_PATCH"]
 use Memkit::OobGC if ENV["OOBGC"] == "1"
 run Rails.application
