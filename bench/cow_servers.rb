@@ -164,6 +164,20 @@ module CowServers
     end
   end
 
+  # Each worker's /stat (GC.stat, mallinfo2) by pid, reached like gc_all.
+  def stat_all(server, hold: 1.0, timeout: 60)
+    want = worker_pids(server)
+    seen = {}
+    deadline = now + timeout
+    until (want - seen.keys).empty? || now > deadline
+      Array.new(want.size) { Thread.new { get(server.port, "/stat?hold=#{hold}") } }.each do |t|
+        info = (JSON.parse(t.value.to_s) rescue nil) or next
+        seen[info["pid"]] = info
+      end
+    end
+    seen
+  end
+
   def page_frames(pid)
     out = {}
     Memkit::Cow.frames(pid).each do |start, _, entries|
@@ -229,6 +243,16 @@ module CowServers
                 role = pid == server.pid ? "master" : "worker"
                 puts format("  %s %s %-6s %d private: %s", name, mode, role, pid,
                             h.sort.map { |k, v| "#{k} #{mb(v)}" }.join(", "))
+              end
+              stat_all(server).each do |pid, info|
+                gc = info["gc"]
+                malloc = info["malloc"] || {}
+                puts format("  %s %s worker %d gc count %d major %d pages %d live %d free %d; " \
+                            "malloc arena %s in use %s free %s top %s mmapped %s",
+                            name, mode, pid, gc["count"], gc["major_gc_count"], gc["heap_allocated_pages"],
+                            gc["heap_live_slots"], gc["heap_free_slots"], mb(malloc["arena"].to_i),
+                            mb(malloc["uordblks"].to_i), mb(malloc["fordblks"].to_i), mb(malloc["keepcost"].to_i),
+                            mb(malloc["hblkhd"].to_i))
               end
             end
             shared = m[:workers].map { |w| w[:shared_pct] }

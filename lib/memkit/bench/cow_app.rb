@@ -20,6 +20,8 @@ require "digest"
 #                  worker has served COW_APP_REQUESTS it answers without work
 #   GET /gc        a full GC in the worker that takes it, then holds it busy
 #                  for ?hold=SECONDS, so concurrent /gc reach distinct workers
+#   GET /stat      the worker's GC.stat and malloc arena counters as JSON
+#                  (?hold=SECONDS as for /gc)
 module Memkit
   module Bench
     module CowApp
@@ -77,6 +79,7 @@ module Memkit
         def call(env)
           path = env["PATH_INFO"]
           return gc(env) if path == "/gc"
+          return stat(env) if path == "/stat"
           return memkit if path == "/memkit"
 
           return full if @limit && @count >= @limit
@@ -108,6 +111,19 @@ module Memkit
           warmup = defined?(Memkit::Warmup) && Memkit::Warmup.respond_to?(:runs) ? Memkit::Warmup : nil
           info = { pid: Process.pid, ppid: Process.ppid, count: @count, warmup_runs: warmup&.runs,
                    last_report: warmup&.last_report&.to_h, fork_hook: defined?(Memkit::Fork) ? true : false }
+          [200, { "content-type" => "application/json" }, [JSON.generate(info)]]
+        end
+
+        # This worker's GC counters and malloc arena (mallinfo2, where glibc
+        # has it), as JSON; holds the worker like /gc so concurrent calls
+        # reach distinct workers.
+        def stat(env)
+          info = { pid: Process.pid, gc: GC.stat }
+          if defined?(Memkit::Libc) && Memkit::Libc.mallinfo2? && (m = Memkit::Libc.mallinfo2)
+            info[:malloc] = m.to_h
+          end
+          hold = env["QUERY_STRING"].to_s[/hold=([\d.]+)/, 1].to_f
+          sleep(hold) if hold.positive?
           [200, { "content-type" => "application/json" }, [JSON.generate(info)]]
         end
 
