@@ -107,14 +107,14 @@ module CowServers
 
   # /gc holds its worker for `hold` seconds after its GC, so concurrent
   # calls land on distinct workers; repeats until every worker has run one.
-  def gc_all(server, hold: 1.0, timeout: 120)
+  def gc_all(server, hold: 1.0, timeout: 120, trim: false)
     want = worker_pids(server)
     seen = {}
     deadline = now + timeout
     until (want - seen.keys).empty?
       raise "not every worker ran /gc in #{timeout}s: #{seen.keys} of #{want}" if now > deadline
 
-      Array.new(want.size) { Thread.new { get(server.port, "/gc?hold=#{hold}") } }.each do |t|
+      Array.new(want.size) { Thread.new { get(server.port, "/gc?hold=#{hold}#{'&trim=1' if trim}") } }.each do |t|
         pid = t.value.to_s[/\Apid=(\d+)/, 1]
         seen[pid.to_i] = true if pid
       end
@@ -254,6 +254,13 @@ module CowServers
                             mb(malloc["uordblks"].to_i), mb(malloc["fordblks"].to_i), mb(malloc["keepcost"].to_i),
                             mb(malloc["hblkhd"].to_i))
               end
+              # What is left once each worker hands glibc's free pages back:
+              # how much of a worker's memory is free malloc memory.
+              gc_all(server, trim: true)
+              t = Memkit::Tree.read(server.pid)
+              uss = t.nodes.reject { |n| n.pid == server.pid }.map { |n| n.memory.uss }
+              puts format("  %s %s after a full GC and malloc_trim(0) in each worker: tree %s, worker uss %s",
+                          name, mode, mb(t.total_pss), mb(uss.sum / uss.size))
             end
             shared = m[:workers].map { |w| w[:shared_pct] }
             smem = m[:workers].map { |w| w[:smem_shared_pct] }.compact

@@ -19,7 +19,8 @@ require "digest"
 #   GET /          a page; the body starts with "pid=PID count=N"; once a
 #                  worker has served COW_APP_REQUESTS it answers without work
 #   GET /gc        a full GC in the worker that takes it, then holds it busy
-#                  for ?hold=SECONDS, so concurrent /gc reach distinct workers
+#                  for ?hold=SECONDS, so concurrent /gc reach distinct workers;
+#                  ?trim=1 also runs malloc_trim(0) after it
 #   GET /stat      the worker's GC.stat and malloc arena counters as JSON
 #                  (?hold=SECONDS as for /gc)
 module Memkit
@@ -129,6 +130,9 @@ module Memkit
 
         def gc(env)
           GC.start(full_mark: true, immediate_sweep: true)
+          # ?trim=1: then return malloc's free pages (a diagnostic: how much
+          # of the worker is free memory glibc kept)
+          Memkit::Libc.malloc_trim if env["QUERY_STRING"].to_s.include?("trim=1") && defined?(Memkit::Libc)
           hold = env["QUERY_STRING"].to_s[/hold=([\d.]+)/, 1].to_f
           sleep(hold) if hold.positive?
           [200, { "content-type" => "text/plain" }, ["pid=#{Process.pid} count=#{@count} gc=#{GC.count}\n"]]
