@@ -85,17 +85,19 @@ module Memkit
 
           return full if @limit && @count >= @limit
 
-          @count += 1
-          rng = Random.new(@count)
+          # Warm-up requests in the master (Memkit.warmup(app:)) do the same
+          # work but are not counted: each worker still serves its own N.
+          seq = env["memkit.warmup"] ? -(@warm = @warm.to_i + 1) : (@count += 1)
+          rng = Random.new(seq.abs)
           record = @by_id[rng.rand(@records.size)]
           related = @by_category[record["category"]].sample(5, random: rng)
           tagged = record["tags"].flat_map { |t| @by_tag[t].first(3) }
-          html = Templates.instance_method(:"render_#{@count % Templates.instance_methods.size}")
+          html = Templates.instance_method(:"render_#{seq.abs % Templates.instance_methods.size}")
                           .bind_call(Object.new, record)
           matches = related.count { |r| r["name"].include?("item") && r["description"].match?(/[aeiou]{2}/) }
           body = +"pid=#{Process.pid} count=#{@count}\n"
           body << html << "\n" << JSON.generate(related.map { |r| r.slice("id", "name", "price") })
-          body << "\n" << Templates.public_send(:"helper_#{@count % 3000 % Templates.singleton_methods.size}", matches)
+          body << "\n" << Templates.public_send(:"helper_#{seq.abs % 3000 % Templates.singleton_methods.size}", matches)
           body << " " << tagged.size.to_s << " " << record["sku"].upcase
           [200, { "content-type" => "text/plain" }, [body]]
         end
