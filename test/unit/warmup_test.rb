@@ -164,6 +164,43 @@ class WarmupTest < Minitest::Test
     assert with * 4 < without, "private dirty growth: with coderange #{with}, without #{without}"
   end
 
+  # fill: :auto fills the object slots only where the app's typical request
+  # would start a worker's GC from malloc long before the free slots run out.
+  def test_auto_fills_slots_where_the_warmup_forecasts_a_malloc_started_gc
+    keep = Array.new(20_000) { Object.new } # some heap, so that free slots exist
+    malloc_heavy = ->(_env) { [200, {}, ["x" * 2_000_000]] } # 2 MB malloc'd, a handful of objects
+    report = Memkit.warmup(force: true, app: malloc_heavy, requests: Array.new(6) { "/" })
+    forecast = report.gc_forecast
+    refute_nil forecast, report.to_h.inspect
+    assert forecast[:slots_outlast_malloc], forecast.inspect
+    assert_operator forecast[:requests_until_slots_run_out], :>, forecast[:requests_until_malloc_gc]
+    assert_includes report.steps, :fill
+    assert_operator report.slots_filled, :>, 0
+    keep.clear
+  end
+
+  def test_auto_leaves_the_slots_to_an_app_whose_requests_allocate_many_objects
+    # 50,000 objects a request (and their 400 KB array), measured without a
+    # GC in the middle, which would leave the malloc reading unknown.
+    object_heavy = lambda do |_env|
+      GC.disable
+      [200, {}, [Array.new(50_000) { |i| i.to_s }.size.to_s]]
+    ensure
+      GC.enable
+    end
+    report = Memkit.warmup(force: true, app: object_heavy, requests: Array.new(4) { "/" })
+    forecast = report.gc_forecast
+    refute_nil forecast, report.to_h.inspect
+    refute forecast[:slots_outlast_malloc], forecast.inspect
+    refute_includes report.steps, :fill, "the free slots are the workers' working space here"
+  end
+
+  def test_auto_without_app_warmup_has_no_forecast_and_fills_no_slots
+    report = Memkit.warmup(force: true)
+    assert_nil report.gc_forecast
+    refute_includes report.steps, :fill
+  end
+
   private
 
   def old?(object)
@@ -190,4 +227,5 @@ class WarmupTest < Minitest::Test
     assert status.success?, err
     Integer(out.strip)
   end
+
 end
