@@ -143,6 +143,22 @@ module Memkit
 
       def malloc_trim_available? = Libc.malloc_trim?
 
+      # How many of the warm-up's typical requests (profile: { objects:,
+      # malloc_bytes: } per request) a worker forked now could serve before
+      # its free slots run out, and before its malloc'd bytes start a GC;
+      # nil without a profile. The malloc count is net (Ruby subtracts what
+      # it frees), as the GC sees it: a request that frees as much as it
+      # mallocs never starts a GC from malloc (requests_until_malloc_gc nil).
+      def gc_forecast(profile, free_slots:, malloc_limit:)
+        return nil unless profile && profile[:objects].positive?
+
+        slots = free_slots.fdiv(profile[:objects])
+        malloc = (malloc_limit.fdiv(profile[:malloc_bytes]) if profile[:malloc_bytes].positive?)
+        { objects_per_request: profile[:objects], malloc_bytes_per_request: profile[:malloc_bytes],
+          requests_until_slots_run_out: slots.floor, requests_until_malloc_gc: malloc&.floor,
+          slots_outlast_malloc: !malloc.nil? && slots > malloc }
+      end
+
       private
 
       def validate(options)
@@ -222,7 +238,10 @@ module Memkit
           steps << :trim
           bytes_trimmed = trimmed
         end
-        forecast = gc_forecast(@profile) if opts[:fill] == :auto && !steps.include?(:touch_up)
+        if opts[:fill] == :auto && !steps.include?(:touch_up)
+          forecast = gc_forecast(@profile, free_slots: GC.stat(:heap_free_slots),
+                                           malloc_limit: GC.stat(:malloc_increase_bytes_limit))
+        end
         fill_mode = if opts[:fill] != :auto then opts[:fill]
                     elsif forecast && forecast[:slots_outlast_malloc] then true
                     elsif !steps.include?(:process_warmup) then :malloc
@@ -251,19 +270,6 @@ module Memkit
                    rss_before: rss_before, rss_after: rss, gc_forecast: forecast)
       end
 
-      # How many of the warm-up's typical requests a worker forked now could
-      # serve before its free slots run out, and before its malloc'd bytes
-      # start a GC. nil without a profile (no app warm-up, or too few
-      # requests to tell the typical one from the first).
-      def gc_forecast(profile)
-        return nil unless profile && profile[:objects].positive? && profile[:malloc_bytes].positive?
-
-        slots = GC.stat(:heap_free_slots).fdiv(profile[:objects])
-        malloc = GC.stat(:malloc_increase_bytes_limit).fdiv(profile[:malloc_bytes])
-        { objects_per_request: profile[:objects], malloc_bytes_per_request: profile[:malloc_bytes],
-          requests_until_slots_run_out: slots.floor, requests_until_malloc_gc: malloc.floor,
-          slots_outlast_malloc: slots > malloc }
-      end
 
       def process_warmup?(opts)
         opts[:process_warmup] == true || (opts[:process_warmup] == :auto && Process.respond_to?(:warmup))

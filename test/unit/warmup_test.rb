@@ -195,6 +195,26 @@ class WarmupTest < Minitest::Test
     refute_includes report.steps, :fill, "the free slots are the workers' working space here"
   end
 
+  # Readings measured on the two bench apps (3.1, after memkit's steps).
+  def test_gc_forecast_compares_the_free_slots_with_the_malloc_budget
+    app_shape = Memkit::Warmup.gc_forecast({ objects: 59, malloc_bytes: 31_800 },
+                                           free_slots: 167_289, malloc_limit: 29_723_936)
+    assert_equal 2835, app_shape[:requests_until_slots_run_out]
+    assert_equal 934, app_shape[:requests_until_malloc_gc]
+    assert app_shape[:slots_outlast_malloc], "few objects, much malloc: GCs start from malloc"
+
+    rails = Memkit::Warmup.gc_forecast({ objects: 5261, malloc_bytes: 16_152 },
+                                       free_slots: 74_914, malloc_limit: 16_777_216)
+    refute rails[:slots_outlast_malloc], "many objects a request: the free slots run out first"
+
+    frees_as_much = Memkit::Warmup.gc_forecast({ objects: 5261, malloc_bytes: -800 },
+                                               free_slots: 10_000_000, malloc_limit: 16_777_216)
+    assert_nil frees_as_much[:requests_until_malloc_gc], "a net malloc <= 0 never starts a GC"
+    refute frees_as_much[:slots_outlast_malloc]
+
+    assert_nil Memkit::Warmup.gc_forecast(nil, free_slots: 1, malloc_limit: 1)
+  end
+
   def test_auto_without_app_warmup_has_no_forecast_and_fills_no_slots
     report = Memkit.warmup(force: true)
     assert_nil report.gc_forecast

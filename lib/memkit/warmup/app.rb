@@ -17,9 +17,10 @@ module Memkit
     # logged in one line; the others still run, and so does the fork.
     class App
       # One request's outcome. status is nil when the app raised.
-      # objects: Ruby objects it allocated; malloc_bytes: bytes Ruby's
-      # allocator counted toward the next GC (malloc_increase_bytes), nil when
-      # a GC ran during the request and reset that counter.
+      # objects: Ruby objects it allocated; malloc_bytes: what it added to
+      # the bytes that start Ruby's next GC (malloc_increase_bytes: mallocs
+      # minus frees, so it can be negative), nil when a GC ran during the
+      # request and reset that counter.
       Result = Struct.new(:method, :path, :status, :error, :duration, :objects, :malloc_bytes,
                           keyword_init: true) do
         def failed? = !error.nil? || status.to_i >= 500
