@@ -172,7 +172,9 @@ class WarmupAppTest < Minitest::Test
   end
 
   def test_allocation_profile_is_the_median_request_after_the_first
-    result = ->(objects, malloc, status = 200) { Memkit::Warmup::App::Result.new(status: status, objects: objects, malloc_bytes: malloc) }
+    result = lambda do |objects, malloc, status = 200|
+      Memkit::Warmup::App::Result.new(status: status, objects: objects, malloc_bytes: malloc)
+    end
     profile = Memkit::Warmup::App.allocation_profile(
       [result.(90_000, 9_000_000), result.(10, 300), result.(12, 200), result.(11, nil), result.(5_000, 1, 500)]
     )

@@ -97,7 +97,8 @@ module Memkit
           matches = related.count { |r| r["name"].include?("item") && r["description"].match?(/[aeiou]{2}/) }
           body = +"pid=#{Process.pid} count=#{@count}\n"
           body << html << "\n" << JSON.generate(related.map { |r| r.slice("id", "name", "price") })
-          body << "\n" << Templates.public_send(:"helper_#{seq.abs % 3000 % Templates.singleton_methods.size}", matches)
+          helper = :"helper_#{seq.abs % 3000 % Templates.singleton_methods.size}"
+          body << "\n" << Templates.public_send(helper, matches)
           body << " " << tagged.size.to_s << " " << record["sku"].upcase
           [200, { "content-type" => "text/plain" }, [body]]
         end
