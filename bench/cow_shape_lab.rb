@@ -12,7 +12,7 @@
 #   cd bench/rails && BUNDLE_GEMFILE=$PWD/Gemfile bundle exec ruby ../cow_shape_lab.rb --rails memkit+fill 300
 #
 # MODE: hook (Memkit.warmup), fill (fill: true), app (warm-up requests, fill: :auto),
-# process_warmup, none; with --rails the modes of CowRails.in_process (memkit, memkit+fill, plain).
+# process_warmup, none (COW_APP_SCALE=X for another scale); with --rails the modes of CowRails.in_process (memkit, memkit+fill, plain).
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
 require "memkit"
 
@@ -27,7 +27,7 @@ if rails
   env_for = ->(i) { Memkit::Warmup::App.env(CowRails.path(i * 4)) }
 else
   require "memkit/bench/cow_app"
-  app = Memkit::Bench::CowApp.boot(scale: 1.0)
+  app = Memkit::Bench::CowApp.boot(scale: Float(ENV.fetch("COW_APP_SCALE", "1")))
   case mode
   when "hook" then Memkit.warmup
   when "fill" then Memkit.warmup(fill: true)
