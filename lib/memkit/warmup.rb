@@ -32,7 +32,7 @@ module Memkit
   #   filled with objects that stay. Whether that pays depends on what
   #   starts a worker's GCs, which the app warm-up requests (app:) measure:
   #   - an app whose requests allocate many objects (the Rails bench app:
-  #     ~6,000 objects and ~150 KB per request) runs out of free slots long
+  #     ~5,300 objects and a net malloc of about 0 per request) runs out of free slots long
   #     before it has malloc'd enough to start a GC: the free slots are its
   #     working space, and filling them makes every worker grow its heap
   #     instead (Rails, 3.1, Unicorn: the tree 1.12x larger);
@@ -42,12 +42,15 @@ module Memkit
   #     but a reservoir where the GC's lazy sweep finds room and stops, so
   #     the dead objects and their malloc'd buffers further on stay unswept:
   #     measured, a worker's malloc'd memory kept growing between GCs to
-  #     102 MB, against 73 MB with the slots filled, and glibc keeps the peak.
+  #     102-108 MB, against 70-78 MB with the slots filled, and glibc keeps
+  #     the peak.
   #   So fill: :auto fills the slots when, by the warm-up's median request
   #   after the first, the free slots would outlast the malloc budget
   #   (heap_free_slots / objects per request > malloc_increase_bytes_limit /
   #   malloc bytes per request); report.gc_forecast says what it compared.
-  #   Without app warm-up requests it does not.
+  #   Without app warm-up requests it does not. The rule errs on the safe
+  #   side: on a small app shape (scale 0.1) it kept the slots where filling
+  #   them would still have paid (bench/notes/cow-shape.md).
   #
   # Where Process.warmup exists (Ruby 3.3+) it does promote, compact, free
   # empty pages, coderange and malloc_trim in C; memkit calls it instead, so
@@ -269,7 +272,6 @@ module Memkit
                    bytes_trimmed: bytes_trimmed, slots_filled: slots_filled.to_i, bytes_filled: bytes_filled.to_i,
                    rss_before: rss_before, rss_after: rss, gc_forecast: forecast)
       end
-
 
       def process_warmup?(opts)
         opts[:process_warmup] == true || (opts[:process_warmup] == :auto && Process.respond_to?(:warmup))
