@@ -48,7 +48,8 @@ module Memkit
   #   after the first, the free slots would outlast the malloc budget
   #   (heap_free_slots / objects per request > malloc_increase_bytes_limit /
   #   malloc bytes per request); report.gc_forecast says what it compared.
-  #   Without app warm-up requests it does not. The rule errs on the safe
+  #   Without app warm-up requests it does not, nor on a heap of several
+  #   slot sizes (3.2+; see single_slot_size?). The rule errs on the safe
   #   side: on a small app shape (scale 0.1) it kept the slots where filling
   #   them would still have paid (bench/notes/cow-shape.md).
   #
@@ -93,7 +94,8 @@ module Memkit
       #                   free object slot, false neither; :auto = :malloc where
       #                   memkit runs its own steps, nothing after Process.warmup,
       #                   and the slots too where the app warm-up measured that
-      #                   they would outlast the malloc budget (:auto)
+      #                   they would outlast the malloc budget, on a heap of one
+      #                   slot size (:auto)
       #   compact:        true, false, or :auto = where GC.compact exists and
       #                   Process.warmup does not (it compacts itself) (:auto)
       #   process_warmup: true, false or :auto = use Process.warmup where it exists
@@ -246,7 +248,7 @@ module Memkit
                                            malloc_limit: GC.stat(:malloc_increase_bytes_limit))
         end
         fill_mode = if opts[:fill] != :auto then opts[:fill]
-                    elsif forecast && forecast[:slots_outlast_malloc] then true
+                    elsif forecast && forecast[:slots_outlast_malloc] && single_slot_size? then true
                     elsif !steps.include?(:process_warmup) then :malloc
                     end
         if fill_mode == :malloc && !steps.include?(:touch_up)
@@ -271,6 +273,16 @@ module Memkit
                    pages_freed: [before[:heap_allocated_pages] - after[:heap_allocated_pages], 0].max,
                    bytes_trimmed: bytes_trimmed, slots_filled: slots_filled.to_i, bytes_filled: bytes_filled.to_i,
                    rss_before: rss_before, rss_after: rss, gc_forecast: forecast)
+      end
+
+      # The fill makes every filler an Object, which lives in the smallest
+      # slot size. Where the heap has several slot sizes (GC.stat_heap, 3.2+)
+      # it grows that one and leaves the others' free slots as they were:
+      # on the app shape under Puma on 3.4 the forecast-driven fill left the
+      # tree 1.15x larger (bench/notes/cow-shape.md). So :auto fills slots
+      # only on a heap of one slot size.
+      def single_slot_size?
+        !GC.respond_to?(:stat_heap) || GC.stat_heap.size <= 1
       end
 
       def process_warmup?(opts)

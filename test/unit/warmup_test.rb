@@ -165,7 +165,8 @@ class WarmupTest < Minitest::Test
   end
 
   # fill: :auto fills the object slots only where the app's typical request
-  # would start a worker's GC from malloc long before the free slots run out.
+  # would start a worker's GC from malloc long before the free slots run out,
+  # on a heap of one slot size (Ruby 3.1).
   def test_auto_fills_slots_where_the_warmup_forecasts_a_malloc_started_gc
     keep = Array.new(20_000) { Object.new } # some heap, so that free slots exist
     malloc_heavy = ->(_env) { [200, {}, ["x" * 2_000_000]] } # 2 MB malloc'd, a handful of objects
@@ -174,8 +175,12 @@ class WarmupTest < Minitest::Test
     refute_nil forecast, report.to_h.inspect
     assert forecast[:slots_outlast_malloc], forecast.inspect
     assert_operator forecast[:requests_until_slots_run_out], :>, forecast[:requests_until_malloc_gc]
-    assert_includes report.steps, :fill
-    assert_operator report.slots_filled, :>, 0
+    if GC.respond_to?(:stat_heap) && GC.stat_heap.size > 1
+      refute_includes report.steps, :fill, "several slot sizes: the Object fillers would fill only the smallest"
+    else
+      assert_includes report.steps, :fill
+      assert_operator report.slots_filled, :>, 0
+    end
     keep.clear
   end
 
