@@ -8,6 +8,7 @@
 #   nofill  before_fork { Memkit.warmup(fill: false) }   fill  before_fork { Memkit.warmup(fill: true) }
 #   fork    require "memkit/fork"
 #   process_warmup  before_fork { Process.warmup } (Ruby 3.3+, the anchor)
+#   app     before_fork { Memkit.warmup(app: CowApp, requests: 8 x "/") }
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
 require "memkit"
 
@@ -26,6 +27,7 @@ before_fork { Memkit.warmup(fill: false) } if mode.include?("nofill")
 before_fork { Memkit.warmup(fill: true) } if mode.include?("fill")
 before_fork { Memkit.warmup(fill: :malloc) } if mode.include?("mfill")
 before_fork { Process.warmup } if mode.include?("process_warmup")
+before_fork { Memkit.warmup(app: CowApp, requests: Array.new(8) { "/" }) } if mode.include?("app")
 if mode.include?("puma_old") # what Puma's nakayoshi_fork option did before it was removed
   before_fork do
     4.times { GC.start(full_mark: false) }

@@ -107,14 +107,14 @@ module CowServers
 
   # /gc holds its worker for `hold` seconds after its GC, so concurrent
   # calls land on distinct workers; repeats until every worker has run one.
-  def gc_all(server, hold: 1.0, timeout: 120)
+  def gc_all(server, hold: 1.0, timeout: 120, trim: false)
     want = worker_pids(server)
     seen = {}
     deadline = now + timeout
     until (want - seen.keys).empty?
       raise "not every worker ran /gc in #{timeout}s: #{seen.keys} of #{want}" if now > deadline
 
-      Array.new(want.size) { Thread.new { get(server.port, "/gc?hold=#{hold}") } }.each do |t|
+      Array.new(want.size) { Thread.new { get(server.port, "/gc?hold=#{hold}#{'&trim=1' if trim}") } }.each do |t|
         pid = t.value.to_s[/\Apid=(\d+)/, 1]
         seen[pid.to_i] = true if pid
       end
@@ -139,6 +139,70 @@ module CowServers
       end }
   end
 
+  # Each worker's private pages (no other process of the tree maps the
+  # frame), copied (the master maps the address) or new, by the mapping that holds them: brk (malloc's main arena, and
+  # Ruby's heap pages on 3.1/3.2), anon (Ruby's heap pages on 3.3+, other
+  # arenas, large mallocs), file, stack. Needs root (pagemap frames).
+  def private_by_kind(server)
+    pids = [server.pid] + worker_pids(server)
+    frames = pids.to_h { |pid| [pid, page_frames(pid)] }
+    sharers = Hash.new(0)
+    frames.each_value { |f| f.each_value { |pfn| sharers[pfn] += 1 } }
+    pids.to_h do |pid|
+      kinds = mapping_kinds(pid)
+      h = Hash.new(0)
+      master = frames[server.pid]
+      frames[pid].each do |addr, pfn|
+        next unless sharers[pfn] == 1
+
+        # "copied": the master maps this address too (a page the worker wrote
+        # after fork); "new": memory the worker got after fork.
+        origin = pid == server.pid || master.key?(addr) ? "copied" : "new"
+        h["#{kinds.call(addr)} #{origin}"] += Memkit::ProcFS::PAGE_SIZE
+      end
+      [pid, h]
+    end
+  end
+
+  # Each worker's /stat (GC.stat, mallinfo2) by pid, reached like gc_all.
+  def stat_all(server, hold: 1.0, timeout: 60)
+    want = worker_pids(server)
+    seen = {}
+    deadline = now + timeout
+    until (want - seen.keys).empty? || now > deadline
+      Array.new(want.size) { Thread.new { get(server.port, "/stat?hold=#{hold}") } }.each do |t|
+        info = (JSON.parse(t.value.to_s) rescue nil) or next
+        seen[info["pid"]] = info
+      end
+    end
+    seen
+  end
+
+  def page_frames(pid)
+    out = {}
+    Memkit::Cow.frames(pid).each do |start, _, entries|
+      entries.each_with_index do |v, i|
+        out[start + i * Memkit::ProcFS::PAGE_SIZE] = v & Memkit::Cow::PFN_MASK if v & Memkit::Cow::PRESENT != 0
+      end
+    end
+    out
+  end
+
+  def mapping_kinds(pid)
+    ranges = File.readlines("/proc/#{pid}/maps").map do |line|
+      f = line.split(" ", 6)
+      s, e = f[0].split("-").map { |x| x.to_i(16) }
+      kind = case f[5].to_s.strip
+             when "[heap]" then "brk"
+             when "", /\A\[anon/ then "anon"
+             when /\[stack/ then "stack"
+             else "file"
+             end
+      [s, e, kind]
+    end
+    ->(addr) { (r = ranges.bsearch { |_, e, _| e > addr }) && addr >= r[0] ? r[2] : "anon" }
+  end
+
   def smem_shared(master, workers)
     out = IO.popen(["smem", "-H", "-c", "pid uss rss", "-P", "."], err: File::NULL, &:read)
     rows = out.lines.to_h { |l| pid, uss, rss = l.split.map(&:to_i); [pid, [uss, rss]] }
@@ -161,6 +225,7 @@ module CowServers
       o.on("--servers LIST", Array) { |v| opts[:servers] = v }
       o.on("--modes LIST", Array) { |v| opts[:modes] = v }
       o.on("--repeat N", Integer, "boots per mode (default 1)") { |v| opts[:repeat] = v }
+      o.on("--pages", "also each process's private MB by mapping (brk, anon, file, stack)") { opts[:pages] = true }
     end.parse!(argv)
     puts "cow_servers: ruby #{RUBY_VERSION}, #{opts[:requests]} requests per worker, app scale #{opts[:scale]}, 4 workers"
     rows = []
@@ -173,12 +238,40 @@ module CowServers
             drive(server, opts[:requests])
             gc_all(server)
             m = measure(server)
+            if opts[:pages]
+              private_by_kind(server).each do |pid, h|
+                role = pid == server.pid ? "master" : "worker"
+                puts format("  %s %s %-6s %d private: %s", name, mode, role, pid,
+                            h.sort.map { |k, v| "#{k} #{mb(v)}" }.join(", "))
+              end
+              stat_all(server).each do |pid, info|
+                gc = info["gc"]
+                malloc = info["malloc"] || {}
+                puts format("  %s %s worker %d gc count %d major %d pages %d live %d free %d; " \
+                            "malloc arena %s in use %s free %s top %s mmapped %s",
+                            name, mode, pid, gc["count"], gc["major_gc_count"], gc["heap_allocated_pages"],
+                            gc["heap_live_slots"], gc["heap_free_slots"], mb(malloc["arena"].to_i),
+                            mb(malloc["uordblks"].to_i), mb(malloc["fordblks"].to_i), mb(malloc["keepcost"].to_i),
+                            mb(malloc["hblkhd"].to_i))
+              end
+              # What is left once each worker hands glibc's free pages back:
+              # how much of a worker's memory is free malloc memory.
+              gc_all(server, trim: true)
+              t = Memkit::Tree.read(server.pid)
+              uss = t.nodes.reject { |n| n.pid == server.pid }.map { |n| n.memory.uss }
+              puts format("  %s %s after a full GC and malloc_trim(0) in each worker: tree %s, worker uss %s",
+                          name, mode, mb(t.total_pss), mb(uss.sum / uss.size))
+            end
             shared = m[:workers].map { |w| w[:shared_pct] }
             smem = m[:workers].map { |w| w[:smem_shared_pct] }.compact
             rows << { server: name, mode: mode, tree: m[:tree_pss],
                       cells: [name, mode, mb(m[:tree_pss]), mb(m[:master_pss]), mb(m[:worker_uss].sum / m[:worker_uss].size),
                               mb(m[:worker_uss].max), mb(m[:master_rss]), format("%.1f", shared.sum / shared.size),
                               smem.empty? ? "-" : format("%.1f", smem.min)] }
+            # One line per boot as it ends, so a run cut short still shows what it measured.
+            puts format("%s %s: tree %s, master pss %s, worker uss %s (max %s)", name, mode, mb(m[:tree_pss]),
+                        mb(m[:master_pss]), mb(m[:worker_uss].sum / m[:worker_uss].size), mb(m[:worker_uss].max))
+            $stdout.flush
           ensure
             stop(server)
           end

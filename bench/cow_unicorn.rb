@@ -7,6 +7,7 @@
 #   nofill  before_fork { Memkit.warmup(fill: false) }   fill  before_fork { Memkit.warmup(fill: true) }
 #   mfill  before_fork { Memkit.warmup(fill: :malloc) }   fork  require "memkit/fork"
 #   process_warmup  before_fork { Process.warmup } (Ruby 3.3+, the anchor)
+#   app   before_fork { Memkit.warmup(app: CowApp, requests: 8 x "/") }
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
 require "memkit"
 
@@ -30,6 +31,8 @@ before_fork do |_server, _worker|
     Memkit.warmup(fill: true)
   elsif mode.include?("nofill")
     Memkit.warmup(fill: false)
+  elsif mode.include?("app")
+    Memkit.warmup(app: CowApp, requests: Array.new(8) { "/" }) # app warm-up, then the heap steps
   elsif mode.include?("hook")
     Memkit.warmup
   end

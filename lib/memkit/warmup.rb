@@ -29,9 +29,29 @@ module Memkit
   #   it (docs/BENCHMARKS.md). Puma serves on pool threads, whose arenas are
   #   their own, so there it changes little.
   # - fill object slots too (fill: true): what compaction leaves free is
-  #   filled with objects that stay. The workers then grow fresh heap pages
-  #   instead of reusing the slots: on the Rails bench app it left the tree
-  #   1.12x larger. So it runs only on request.
+  #   filled with objects that stay. Whether that pays depends on what
+  #   starts a worker's GCs, which the app warm-up requests (app:) measure:
+  #   - an app whose requests allocate many objects (the Rails bench app:
+  #     ~5,300 objects and a net malloc of about 0 per request) runs out of free slots long
+  #     before it has malloc'd enough to start a GC: the free slots are its
+  #     working space, and filling them makes every worker grow its heap
+  #     instead (Rails, 3.1, Unicorn: the tree 1.12x larger);
+  #   - an app whose requests allocate few objects and much malloc'd memory
+  #     (bench app: ~60 objects and ~32 KB) starts its GCs from malloc long
+  #     before the free slots run out. Those slots are then no working space
+  #     but a reservoir where the GC's lazy sweep finds room and stops, so
+  #     the dead objects and their malloc'd buffers further on stay unswept:
+  #     measured, a worker's malloc'd memory kept growing between GCs to
+  #     102-108 MB, against 70-78 MB with the slots filled, and glibc keeps
+  #     the peak.
+  #   So fill: :auto fills the slots when, by the warm-up's median request
+  #   after the first, the free slots would outlast the malloc budget
+  #   (heap_free_slots / objects per request > malloc_increase_bytes_limit /
+  #   malloc bytes per request); report.gc_forecast says what it compared.
+  #   Without app warm-up requests it does not, nor on a heap of several
+  #   slot sizes (3.2+; see single_slot_size?). The rule errs on the safe
+  #   side: on a small app shape (scale 0.1) it kept the slots where filling
+  #   them would still have paid (bench/notes/cow-shape.md).
   #
   # Where Process.warmup exists (Ruby 3.3+) it does promote, compact, free
   # empty pages, coderange and malloc_trim in C; memkit calls it instead, so
@@ -50,7 +70,7 @@ module Memkit
     # What a run did. Durations in seconds, sizes in bytes.
     Report = Struct.new(:skipped, :reason, :duration, :steps, :gc_runs, :young_before, :young_after,
                         :slots_freed, :pages_freed, :bytes_trimmed, :slots_filled, :bytes_filled, :rss_before, :rss_after,
-                        :requests, keyword_init: true) do
+                        :requests, :gc_forecast, keyword_init: true) do
       # The app warm-up requests that raised or answered 5xx.
       def failures = Array(requests).select(&:failed?)
 
@@ -62,6 +82,7 @@ module Memkit
     @runs = 0
     @lock = Mutex.new
     @warmed_apps = {}.compare_by_identity
+    @profile = nil
 
     class << self
       # Options (all keywords):
@@ -71,7 +92,10 @@ module Memkit
       #   promote, coderange, trim: true/false, each step on its own (true)
       #   fill:           :malloc fills the malloc arena's holes, true also every
       #                   free object slot, false neither; :auto = :malloc where
-      #                   memkit runs its own steps, false after Process.warmup (:auto)
+      #                   memkit runs its own steps, nothing after Process.warmup,
+      #                   and the slots too where the app warm-up measured that
+      #                   they would outlast the malloc budget, on a heap of one
+      #                   slot size (:auto)
       #   compact:        true, false, or :auto = where GC.compact exists and
       #                   Process.warmup does not (it compacts itself) (:auto)
       #   process_warmup: true, false or :auto = use Process.warmup where it exists
@@ -113,6 +137,7 @@ module Memkit
       def reset!
         @state = nil
         @warmed_apps.clear
+        @profile = nil
         @last_report = nil
         @runs = 0
       end
@@ -122,6 +147,22 @@ module Memkit
       end
 
       def malloc_trim_available? = Libc.malloc_trim?
+
+      # How many of the warm-up's typical requests (profile: { objects:,
+      # malloc_bytes: } per request) a worker forked now could serve before
+      # its free slots run out, and before its malloc'd bytes start a GC;
+      # nil without a profile. The malloc count is net (Ruby subtracts what
+      # it frees), as the GC sees it: a request that frees as much as it
+      # mallocs never starts a GC from malloc (requests_until_malloc_gc nil).
+      def gc_forecast(profile, free_slots:, malloc_limit:)
+        return nil unless profile && profile[:objects].positive?
+
+        slots = free_slots.fdiv(profile[:objects])
+        malloc = (malloc_limit.fdiv(profile[:malloc_bytes]) if profile[:malloc_bytes].positive?)
+        { objects_per_request: profile[:objects], malloc_bytes_per_request: profile[:malloc_bytes],
+          requests_until_slots_run_out: slots.floor, requests_until_malloc_gc: malloc&.floor,
+          slots_outlast_malloc: !malloc.nil? && slots > malloc }
+      end
 
       private
 
@@ -161,7 +202,9 @@ module Memkit
         return [] if @warmed_apps.key?(opts[:app])
 
         @warmed_apps[opts[:app]] = true
-        app.run
+        results = app.run
+        @profile = App.allocation_profile(results) || @profile
+        results
       end
 
       def perform(opts)
@@ -200,7 +243,14 @@ module Memkit
           steps << :trim
           bytes_trimmed = trimmed
         end
-        fill_mode = opts[:fill] == :auto ? (:malloc unless steps.include?(:process_warmup)) : opts[:fill]
+        if opts[:fill] == :auto && !steps.include?(:touch_up)
+          forecast = gc_forecast(@profile, free_slots: GC.stat(:heap_free_slots),
+                                           malloc_limit: GC.stat(:malloc_increase_bytes_limit))
+        end
+        fill_mode = if opts[:fill] != :auto then opts[:fill]
+                    elsif forecast && forecast[:slots_outlast_malloc] && single_slot_size? then true
+                    elsif !steps.include?(:process_warmup) then :malloc
+                    end
         if fill_mode == :malloc && !steps.include?(:touch_up)
           bytes_filled = fill_malloc_holes
           steps << :fill_malloc
@@ -222,7 +272,17 @@ module Memkit
                    slots_freed: [before[:heap_live_slots] - after[:heap_live_slots], 0].max,
                    pages_freed: [before[:heap_allocated_pages] - after[:heap_allocated_pages], 0].max,
                    bytes_trimmed: bytes_trimmed, slots_filled: slots_filled.to_i, bytes_filled: bytes_filled.to_i,
-                   rss_before: rss_before, rss_after: rss)
+                   rss_before: rss_before, rss_after: rss, gc_forecast: forecast)
+      end
+
+      # The fill makes every filler an Object, which lives in the smallest
+      # slot size. Where the heap has several slot sizes (GC.stat_heap, 3.2+)
+      # it grows that one and leaves the others' free slots as they were:
+      # on the app shape under Puma on 3.4 the forecast-driven fill left the
+      # tree 1.15x larger (bench/notes/cow-shape.md). So :auto fills slots
+      # only on a heap of one slot size.
+      def single_slot_size?
+        !GC.respond_to?(:stat_heap) || GC.stat_heap.size <= 1
       end
 
       def process_warmup?(opts)

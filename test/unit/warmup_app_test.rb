@@ -160,6 +160,31 @@ class WarmupAppTest < Minitest::Test
     assert_equal ["/"], app.calls.map { |e| e["PATH_INFO"] }
   end
 
+  def test_each_result_carries_what_the_request_allocated
+    app = ->(_env) { [200, {}, [Array.new(500) { Object.new }.size.to_s + ("x" * 100_000)]] }
+    results = Memkit::Warmup::App.new(app, %w[/a /b /c]).run
+    results.each do |r|
+      assert_operator r.objects, :>=, 500, "the 500 objects the app made: #{r.to_h}"
+      next if r.malloc_bytes.nil? # a GC ran during it and reset the counter
+
+      assert_operator r.malloc_bytes, :>=, 100_000, "the 100 KB string: #{r.to_h}"
+    end
+  end
+
+  def test_allocation_profile_is_the_median_request_after_the_first
+    result = lambda do |objects, malloc, status = 200|
+      Memkit::Warmup::App::Result.new(status: status, objects: objects, malloc_bytes: malloc)
+    end
+    profile = Memkit::Warmup::App.allocation_profile(
+      [result.(90_000, 9_000_000), result.(10, 300), result.(12, 200), result.(11, nil), result.(5_000, 1, 500)]
+    )
+    assert_equal({ objects: 11, malloc_bytes: 300 }, profile,
+                 "the first (compiling) request and the failed one are left out; a nil malloc reading is skipped")
+    assert_nil Memkit::Warmup::App.allocation_profile([result.(10, 300)]), "one request cannot tell typical from first"
+    assert_nil Memkit::Warmup::App.allocation_profile([result.(10, 300), result.(10, nil)]),
+               "no malloc reading without a GC in between"
+  end
+
   private
 
   def rack_lint?
@@ -169,4 +194,5 @@ class WarmupAppTest < Minitest::Test
   rescue LoadError
     false
   end
+
 end

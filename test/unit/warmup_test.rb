@@ -164,6 +164,68 @@ class WarmupTest < Minitest::Test
     assert with * 4 < without, "private dirty growth: with coderange #{with}, without #{without}"
   end
 
+  # fill: :auto fills the object slots only where the app's typical request
+  # would start a worker's GC from malloc long before the free slots run out,
+  # on a heap of one slot size (Ruby 3.1).
+  def test_auto_fills_slots_where_the_warmup_forecasts_a_malloc_started_gc
+    keep = Array.new(20_000) { Object.new } # some heap, so that free slots exist
+    malloc_heavy = ->(_env) { [200, {}, ["x" * 2_000_000]] } # 2 MB malloc'd, a handful of objects
+    report = Memkit.warmup(force: true, app: malloc_heavy, requests: Array.new(6) { "/" })
+    forecast = report.gc_forecast
+    refute_nil forecast, report.to_h.inspect
+    assert forecast[:slots_outlast_malloc], forecast.inspect
+    assert_operator forecast[:requests_until_slots_run_out], :>, forecast[:requests_until_malloc_gc]
+    if GC.respond_to?(:stat_heap) && GC.stat_heap.size > 1
+      refute_includes report.steps, :fill, "several slot sizes: the Object fillers would fill only the smallest"
+    else
+      assert_includes report.steps, :fill
+      assert_operator report.slots_filled, :>, 0
+    end
+    keep.clear
+  end
+
+  def test_auto_leaves_the_slots_to_an_app_whose_requests_allocate_many_objects
+    # 50,000 objects a request (and their 400 KB array), measured without a
+    # GC in the middle, which would leave the malloc reading unknown.
+    object_heavy = lambda do |_env|
+      GC.disable
+      [200, {}, [Array.new(50_000) { |i| i.to_s }.size.to_s]]
+    ensure
+      GC.enable
+    end
+    report = Memkit.warmup(force: true, app: object_heavy, requests: Array.new(4) { "/" })
+    forecast = report.gc_forecast
+    refute_nil forecast, report.to_h.inspect
+    refute forecast[:slots_outlast_malloc], forecast.inspect
+    refute_includes report.steps, :fill, "the free slots are the workers' working space here"
+  end
+
+  # Readings measured on the two bench apps (3.1, after memkit's steps).
+  def test_gc_forecast_compares_the_free_slots_with_the_malloc_budget
+    app_shape = Memkit::Warmup.gc_forecast({ objects: 59, malloc_bytes: 31_800 },
+                                           free_slots: 167_289, malloc_limit: 29_723_936)
+    assert_equal 2835, app_shape[:requests_until_slots_run_out]
+    assert_equal 934, app_shape[:requests_until_malloc_gc]
+    assert app_shape[:slots_outlast_malloc], "few objects, much malloc: GCs start from malloc"
+
+    rails = Memkit::Warmup.gc_forecast({ objects: 5261, malloc_bytes: 16_152 },
+                                       free_slots: 74_914, malloc_limit: 16_777_216)
+    refute rails[:slots_outlast_malloc], "many objects a request: the free slots run out first"
+
+    frees_as_much = Memkit::Warmup.gc_forecast({ objects: 5261, malloc_bytes: -800 },
+                                               free_slots: 10_000_000, malloc_limit: 16_777_216)
+    assert_nil frees_as_much[:requests_until_malloc_gc], "a net malloc <= 0 never starts a GC"
+    refute frees_as_much[:slots_outlast_malloc]
+
+    assert_nil Memkit::Warmup.gc_forecast(nil, free_slots: 1, malloc_limit: 1)
+  end
+
+  def test_auto_without_app_warmup_has_no_forecast_and_fills_no_slots
+    report = Memkit.warmup(force: true)
+    assert_nil report.gc_forecast
+    refute_includes report.steps, :fill
+  end
+
   private
 
   def old?(object)
@@ -190,4 +252,5 @@ class WarmupTest < Minitest::Test
     assert status.success?, err
     Integer(out.strip)
   end
+
 end

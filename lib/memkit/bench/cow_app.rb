@@ -19,7 +19,10 @@ require "digest"
 #   GET /          a page; the body starts with "pid=PID count=N"; once a
 #                  worker has served COW_APP_REQUESTS it answers without work
 #   GET /gc        a full GC in the worker that takes it, then holds it busy
-#                  for ?hold=SECONDS, so concurrent /gc reach distinct workers
+#                  for ?hold=SECONDS, so concurrent /gc reach distinct workers;
+#                  ?trim=1 also runs malloc_trim(0) after it
+#   GET /stat      the worker's GC.stat and malloc arena counters as JSON
+#                  (?hold=SECONDS as for /gc)
 module Memkit
   module Bench
     module CowApp
@@ -77,21 +80,25 @@ module Memkit
         def call(env)
           path = env["PATH_INFO"]
           return gc(env) if path == "/gc"
+          return stat(env) if path == "/stat"
           return memkit if path == "/memkit"
 
           return full if @limit && @count >= @limit
 
-          @count += 1
-          rng = Random.new(@count)
+          # Warm-up requests in the master (Memkit.warmup(app:)) do the same
+          # work but are not counted: each worker still serves its own N.
+          seq = env["memkit.warmup"] ? -(@warm = @warm.to_i + 1) : (@count += 1)
+          rng = Random.new(seq.abs)
           record = @by_id[rng.rand(@records.size)]
           related = @by_category[record["category"]].sample(5, random: rng)
           tagged = record["tags"].flat_map { |t| @by_tag[t].first(3) }
-          html = Templates.instance_method(:"render_#{@count % Templates.instance_methods.size}")
+          html = Templates.instance_method(:"render_#{seq.abs % Templates.instance_methods.size}")
                           .bind_call(Object.new, record)
           matches = related.count { |r| r["name"].include?("item") && r["description"].match?(/[aeiou]{2}/) }
           body = +"pid=#{Process.pid} count=#{@count}\n"
           body << html << "\n" << JSON.generate(related.map { |r| r.slice("id", "name", "price") })
-          body << "\n" << Templates.public_send(:"helper_#{@count % 3000 % Templates.singleton_methods.size}", matches)
+          helper = :"helper_#{seq.abs % 3000 % Templates.singleton_methods.size}"
+          body << "\n" << Templates.public_send(helper, matches)
           body << " " << tagged.size.to_s << " " << record["sku"].upcase
           [200, { "content-type" => "text/plain" }, [body]]
         end
@@ -111,8 +118,24 @@ module Memkit
           [200, { "content-type" => "application/json" }, [JSON.generate(info)]]
         end
 
+        # This worker's GC counters and malloc arena (mallinfo2, where glibc
+        # has it), as JSON; holds the worker like /gc so concurrent calls
+        # reach distinct workers.
+        def stat(env)
+          info = { pid: Process.pid, gc: GC.stat }
+          if defined?(Memkit::Libc) && Memkit::Libc.mallinfo2? && (m = Memkit::Libc.mallinfo2)
+            info[:malloc] = m.to_h
+          end
+          hold = env["QUERY_STRING"].to_s[/hold=([\d.]+)/, 1].to_f
+          sleep(hold) if hold.positive?
+          [200, { "content-type" => "application/json" }, [JSON.generate(info)]]
+        end
+
         def gc(env)
           GC.start(full_mark: true, immediate_sweep: true)
+          # ?trim=1: then return malloc's free pages (a diagnostic: how much
+          # of the worker is free memory glibc kept)
+          Memkit::Libc.malloc_trim if env["QUERY_STRING"].to_s.include?("trim=1") && defined?(Memkit::Libc)
           hold = env["QUERY_STRING"].to_s[/hold=([\d.]+)/, 1].to_f
           sleep(hold) if hold.positive?
           [200, { "content-type" => "text/plain" }, ["pid=#{Process.pid} count=#{@count} gc=#{GC.count}\n"]]

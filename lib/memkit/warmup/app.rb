@@ -17,7 +17,12 @@ module Memkit
     # logged in one line; the others still run, and so does the fork.
     class App
       # One request's outcome. status is nil when the app raised.
-      Result = Struct.new(:method, :path, :status, :error, :duration, keyword_init: true) do
+      # objects: Ruby objects it allocated; malloc_bytes: what it added to
+      # the bytes that start Ruby's next GC (malloc_increase_bytes: mallocs
+      # minus frees, so it can be negative), nil when a GC ran during the
+      # request and reset that counter.
+      Result = Struct.new(:method, :path, :status, :error, :duration, :objects, :malloc_bytes,
+                          keyword_init: true) do
         def failed? = !error.nil? || status.to_i >= 500
 
         def to_h = super
@@ -52,6 +57,24 @@ module Memkit
         @requests.map { |request| perform(request) }
       end
 
+      # What one request allocates, as a worker will serve it: the medians
+      # of the requests after the first (the first also compiles and fills
+      # caches once), as { objects:, malloc_bytes: }; nil with fewer than two
+      # successful requests, or when a GC ran during every one of them.
+      def self.allocation_profile(results)
+        ok = results.drop(1).reject(&:failed?)
+        objects = ok.map(&:objects).compact
+        malloc = ok.map(&:malloc_bytes).compact
+        return nil if objects.empty? || malloc.empty?
+
+        { objects: median(objects), malloc_bytes: median(malloc) }
+      end
+
+      def self.median(values)
+        sorted = values.sort
+        sorted[sorted.size / 2]
+      end
+
       # The env for one request: a fresh copy each time, since apps write to it.
       def self.env(request)
         env = BASE_ENV.dup
@@ -78,6 +101,9 @@ module Memkit
         env = self.class.env(request)
         started = clock
         status = error = nil
+        gcs = GC.count
+        objects = GC.stat(:total_allocated_objects)
+        malloc = GC.stat(:malloc_increase_bytes)
         begin
           status, _headers, body = @app.call(env)
           status = Integer(status)
@@ -86,8 +112,10 @@ module Memkit
           error = "#{e.class}: #{e.message}"
         end
         finish(env, status, error)
+        objects = GC.stat(:total_allocated_objects) - objects
+        malloc = GC.count == gcs ? GC.stat(:malloc_increase_bytes) - malloc : nil
         result = Result.new(method: env["REQUEST_METHOD"], path: full_path(env), status: status, error: error,
-                            duration: clock - started)
+                            duration: clock - started, objects: objects, malloc_bytes: malloc)
         log(result) if result.failed?
         result
       end
