@@ -51,7 +51,7 @@ module Memkit
   #   Without app warm-up requests it does not, nor on a heap of several
   #   slot sizes (3.2+; see single_slot_size?). The rule errs on the safe
   #   side: on a small app shape (scale 0.1) it kept the slots where filling
-  #   them would still have paid (bench/notes/cow-shape.md).
+  #   them would still have paid (docs/BENCHMARKS.md, "CoW on the app shape").
   #
   # Where Process.warmup exists (Ruby 3.3+) it does promote, compact, free
   # empty pages, coderange and malloc_trim in C; memkit calls it instead, so
@@ -279,7 +279,7 @@ module Memkit
       # slot size. Where the heap has several slot sizes (GC.stat_heap, 3.2+)
       # it grows that one and leaves the others' free slots as they were:
       # on the app shape under Puma on 3.4 the forecast-driven fill left the
-      # tree 1.15x larger (bench/notes/cow-shape.md). So :auto fills slots
+      # tree 1.15x larger (docs/BENCHMARKS.md, "CoW on the app shape"). So :auto fills slots
       # only on a heap of one slot size.
       def single_slot_size?
         !GC.respond_to?(:stat_heap) || GC.stat_heap.size <= 1
