@@ -86,6 +86,18 @@ class OobGCPolicyTest < Minitest::Test
     assert_nil policy.decide(pooled(roomy), req)
   end
 
+  # Ruby 3.3+: while a major Ruby asked for is pending, Ruby adds no page and
+  # keeps back the pages its sweep pooled for the major's marking, so slots
+  # that look free are not room: the major is due now.
+  def test_a_major_ruby_asked_for_is_due_whatever_the_pools_show
+    policy = Policy::SizePools.new
+    req = profile([2_000, 200])
+    roomy = [[100_000, 50_000], [10_000, 8_000]]
+    assert_nil policy.decide(pooled(roomy), req)
+    assert_equal :major, policy.decide(pooled(roomy, need_major_by: :oldmalloc), req)
+    assert_nil policy.margins(pooled(roomy, need_major_by: :oldmalloc), req), "nothing to wait for"
+  end
+
   def test_major_when_ruby_has_one_pending
     policy = Policy::OneHeap.new(page_slots: PAGE)
     req = profile(50_000)

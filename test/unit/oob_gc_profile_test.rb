@@ -30,6 +30,24 @@ class OobGCProfileTest < Minitest::Test
     assert_equal [9_000, 10], profile.objects
   end
 
+  # What requests allocate can shift (memkit demo: ids past 10,000 move a
+  # String per row from the 40-byte pool to the 80-byte one, 5 -> 206 objects
+  # a request): the figure follows within three requests, long before the
+  # window's percentile would; one outlier alone does not move it.
+  def test_a_shift_up_moves_the_figure_within_three_requests
+    profile = Profile.new(window: 200)
+    120.times { profile.record([2_000, 5], 100) }
+    version = profile.version
+    profile.record([2_000, 988], 100)
+    16.times { profile.record([2_000, 5], 100) }
+    assert_equal [2_000, 5], profile.objects, "one outlier"
+    2.times { profile.record([1_800, 206], 100) }
+    assert_equal 5, profile.objects[1], "two heavy requests"
+    profile.record([1_800, 206], 100)
+    assert_equal [2_000, 206], profile.objects
+    refute_equal version, profile.version
+  end
+
   def test_forgets_requests_older_than_the_window
     profile = Profile.new(window: 10)
     10.times { profile.record([100_000], 0) }

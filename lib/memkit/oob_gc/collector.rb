@@ -43,6 +43,9 @@ module Memkit
       # its limit.
       Quiet = Struct.new(:count, :base, :total, :malloc, :margins, :version, :minor, :oldmalloc_room)
 
+      # Whether GC.latest_gc_info says when Ruby has asked for a major (3.3+).
+      NEED_MAJOR = GC.latest_gc_info.key?(:need_major_by)
+
       # Ruby's size pools, found once: nil where Ruby has one heap (3.1).
       POOLS = if GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
                 (0...(GC::INTERNAL_CONSTANTS[:SIZE_POOL_COUNT] || GC::INTERNAL_CONSTANTS[:HEAP_COUNT] ||
@@ -217,7 +220,7 @@ module Memkit
         q = @quiet or return false
         return false unless count == q.count && @profile.version == q.version
         # Ruby may ask for a major at the end of a lazy sweep, with no GC run.
-        return false if @no_full_mark && GC.latest_gc_info(:need_major_by)
+        return false if NEED_MAJOR && GC.latest_gc_info(:need_major_by)
 
         q.margins.holds?(now, q.base, malloc - q.malloc)
       end
@@ -229,7 +232,7 @@ module Memkit
         q = @quiet or return false
         count = GC.count
         return false unless count == q.count && @profile.version == q.version
-        return false if @no_full_mark && GC.latest_gc_info(:need_major_by)
+        return false if NEED_MAJOR && GC.latest_gc_info(:need_major_by)
 
         malloc = GC.stat(:malloc_increase_bytes)
         least = q.margins.least
@@ -246,7 +249,7 @@ module Memkit
       def minor_at_most?
         q = @quiet or return false
         return false unless q.minor && GC.count == q.count
-        return false if @no_full_mark && GC.latest_gc_info(:need_major_by)
+        return false if NEED_MAJOR && GC.latest_gc_info(:need_major_by)
 
         GC.stat(:malloc_increase_bytes) - q.malloc <= q.oldmalloc_room
       end

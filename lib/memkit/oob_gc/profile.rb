@@ -9,6 +9,16 @@ module Memkit
     # recent request would) and half the requests do not overrun the
     # estimate (as the mean would).
     #
+    # When what requests allocate shifts up (pages of another kind, longer
+    # ids that move a string per row into a larger size pool), the window's
+    # percentile follows only once a twentieth of the window has shifted,
+    # while a small pool can run dry in a few requests: `memkit demo`'s
+    # 80-byte pool went from 5 objects a request to 206 and was empty eight
+    # requests later, at a learned 40. So where the third largest of the last
+    # RECENT requests is more than twice the window's figure (and RECENT
+    # more), it is the figure, taken as soon as a request allocates that much:
+    # three heavy requests move it, one outlier does not.
+    #
     # #version changes only when the learned figures do, so the collector
     # can keep a decision taken from them until then.
     class Profile
@@ -19,6 +29,12 @@ module Memkit
       # every request while the first REFRESH are learned, then every
       # REFRESH, or a quarter of the window once that is more.
       REFRESH = 16
+      # Requests the recent figure looks back on (see above).
+      RECENT = 16
+      # Of those, the rank taken: with a twentieth of requests above the
+      # window's percentile, three of sixteen come above it by chance once
+      # in 23 looks (two would, once in 5, and collect early for nothing).
+      RANK = 3
 
       attr_reader :window, :percentile, :version
 
@@ -37,6 +53,7 @@ module Memkit
         @at = 0 # where the next request goes in the ring
         @malloc = []
         @learned = [[].freeze, 0].freeze
+        @picked = [[], 0] # the window's percentiles at the last relearn
         @version = 0
         @stale = 0 # records since the percentiles were taken
       end
@@ -63,7 +80,11 @@ module Memkit
           @malloc.shift if @malloc.size > @window
         end
         @stale += 1
-        relearn if @size <= REFRESH || @stale >= REFRESH && @stale >= @size / 4
+        if @size <= REFRESH || (@stale >= REFRESH && @stale >= @size / 4)
+          relearn
+        elsif above?(at, malloc)
+          learn
+        end
         self
       end
 
@@ -80,13 +101,59 @@ module Memkit
 
       private
 
+      # The window's percentiles, on the schedule above.
       def relearn
         @stale = 0
-        learned = [@columns.map { |c| pick(c) }.freeze, pick(@malloc)].freeze
+        @picked = [@columns.map { |c| pick(c) }, pick(@malloc)]
+        learn
+      end
+
+      # The figures: the percentiles, or the recent requests' where those
+      # are more than twice as high, and RECENT more (a few objects more in a
+      # pool a request barely uses, such as the collector's own readings
+      # near a GC, are no shift). Between two relearns only the recent
+      # figures are taken again.
+      def learn
+        picked = @picked
+        learned = [@columns.each_with_index.map { |c, i| shifted(picked[0].fetch(i, 0), recent(c)) }.freeze,
+                   shifted(picked[1], ranked(@malloc.last(RECENT)))].freeze
         return if learned == @learned
 
         @learned = learned
         @version += 1
+      end
+
+      # Whether the request just recorded (at ring index `at`) allocated in
+      # some pool, or malloc'd, enough more than the learned figure to be
+      # part of a shift (#shifted). Rare, so taking the figures again (which
+      # allocates) stays off most requests.
+      def above?(at, malloc)
+        objects = @learned.fetch(0)
+        return true if malloc && shift?(@learned.fetch(1), malloc)
+
+        i = 0
+        while i < @columns.size
+          return true if shift?(objects.fetch(i, 0), @columns[i][at])
+
+          i += 1
+        end
+        false
+      end
+
+      def shifted(percentile, recent) = shift?(percentile, recent) ? recent : percentile
+      def shift?(percentile, value) = value > (2 * percentile) + RECENT
+
+      # The RANK-th largest of the last RECENT entries of a ring column.
+      def recent(column)
+        n = [RECENT, @size].min
+        last = Array.new(n) { |k| column[(@at - 1 - k) % @size] }
+        ranked(last)
+      end
+
+      def ranked(values)
+        return 0 if values.empty?
+
+        values.max(RANK).last
       end
 
       # The value at the percentile's rank: the n-th largest.
