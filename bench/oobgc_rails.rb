@@ -90,6 +90,8 @@ module OobgcRails
     log = File.join(dir, "#{server}.log")
     env = { "BUNDLE_GEMFILE" => GEMFILE, "BENCH_RAILS_DB" => DB, "COW_MEMKIT" => "plain",
             "COW_PORT" => port.to_s, "COW_WORKERS" => WORKERS.to_s, "RUBYOPT" => nil, "BUNDLE_BIN_PATH" => nil,
+            # Bundler 4 (Ruby 3.4's) names the outer bundle's lock too.
+            "BUNDLE_LOCKFILE" => nil, "BUNDLER_SETUP" => nil,
             "OOBGC" => mode == "memkit" ? "1" : nil, "OOBGC_DIR" => dir, "OOBGC_SKIP" => SKIP.to_s,
             "OOBGC_PATCH" => mode == "memkit" && patch ? File.expand_path(patch) : nil }
     env.merge!(boot_env.transform_values(&:to_s)) if mode == "heap"
