@@ -61,6 +61,10 @@ module Memkit
           reading.fetch(:info)[:state] == :sweeping ? stat.fetch(:heap_marked_slots) : stat.fetch(:heap_live_slots)
         end
 
+        # With a major pending, the allocatable pages are not room: Ruby
+        # takes none while one is (heap_prepare starts the GC as soon as the
+        # eden pages are full), so the major is due when they are, and runs
+        # between requests where Ruby would have run it inside the next one.
         def free(reading)
           stat = reading.fetch(:stat)
           free = if @marked_at && reading.fetch(:info)[:state] == :sweeping
@@ -69,12 +73,16 @@ module Memkit
                  else
                    stat.fetch(:heap_free_slots)
                  end
-          [free + allocatable_slots(stat)]
+          [major_pending?(reading) ? free : free + allocatable_slots(stat)]
         end
 
-        # Ruby 3.1 says nothing about the next GC being major; its own test at
-        # the end of the mark (gc_marks_finish), applied here: the slots the
-        # sweep will leave free against the heap with the pages it may add.
+        # Ruby 3.1 says nothing about the next GC being major (no
+        # latest_gc_info(:need_major_by)). Its mark sets the flag when old or
+        # remembered shady objects pass their limits, which #major_pending?
+        # reads from GC.stat (see #free: the major then runs when the eden
+        # pages are full); and when the sweep will leave too little free
+        # (NOFREE, gc_marks_finish), applied here: the slots the sweep will
+        # leave free against the heap with the pages it may add.
         def major_next?(reading)
           return true if super
 
