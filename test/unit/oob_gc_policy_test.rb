@@ -192,15 +192,24 @@ class OobGCPolicyTest < Minitest::Test
     assert_equal :major, policy.decide(one_heap(free: 30_000, old: 200_000, allocatable: 100 * PAGE), req)
   end
 
-  # Right after the out-of-band minor that set the flag: the major runs in
-  # the same pause only if the next request would not fit before it.
+  # Right after the out-of-band minor that set the flag, the major runs in
+  # the same pause: left for later, it started inside requests.
+  def test_one_heap_major_next_when_the_minor_set_shady_or_oldgen
+    policy = Policy::OneHeap.new(page_slots: PAGE)
+    shady = { remembered_wb_unprotected_objects: 1_000, remembered_wb_unprotected_objects_limit: 1_000 }
+    assert policy.major_next?(one_heap(free: 200_000, allocatable: 100 * PAGE, **shady))
+    assert policy.major_next?(one_heap(free: 200_000, old: 200_000, old_limit: 200_000))
+    refute policy.major_next?(one_heap(free: 200_000, allocatable: 100 * PAGE))
+  end
+
+  # Policy#major_due?: a pending major runs in the same pause where the next
+  # request would not fit before it.
   def test_major_due_after_a_minor_only_where_the_next_request_would_not_fit
     policy = Policy::OneHeap.new(page_slots: PAGE)
     req = profile(50_000)
     shady = { remembered_wb_unprotected_objects: 1_000, remembered_wb_unprotected_objects_limit: 1_000 }
     assert policy.major_due?(one_heap(free: 30_000, allocatable: 100 * PAGE, **shady), req)
-    refute policy.major_due?(one_heap(free: 200_000, allocatable: 100 * PAGE, **shady), req),
-           "the next requests fit: the major runs when due, where Ruby would run it"
+    refute policy.major_due?(one_heap(free: 200_000, allocatable: 100 * PAGE, **shady), req)
     refute policy.major_due?(one_heap(free: 30_000, allocatable: 100 * PAGE), req), "no major pending"
     refute policy.major_due?(one_heap(free: 30_000, **shady), Profile.new), "nothing learned yet"
   end
