@@ -11,7 +11,9 @@ class OobGCRssBudgetTest < Minitest::Test
     budget = Memkit::OobGC::RssBudget.new(share: 0.2)
     assert_equal 20 * MB, budget.bytes(100 * MB, 0)
     assert_equal 100 * MB, budget.base
-    assert_equal 15 * MB, budget.bytes(105 * MB, 0), "RSS grown by other means counts"
+    assert_equal 25 * MB, budget.bytes(95 * MB, 0), "the level is the highest top before growth"
+    assert_equal 22 * MB, budget.bytes(110 * MB, 0), "before any growth, the level follows the top"
+    assert_equal 110 * MB, budget.base
   end
 
   # Pages that cost twice their bytes in RSS (the garbage held between GCs)
@@ -20,6 +22,8 @@ class OobGCRssBudgetTest < Minitest::Test
     budget = Memkit::OobGC::RssBudget.new(share: 0.2)
     budget.bytes(100 * MB, 0)
     assert_equal 5 * MB, budget.bytes(110 * MB, 5 * MB)
+    assert_equal 100 * MB, budget.base, "grown: the level stays"
+
     assert_equal 18 * MB, budget.bytes(102 * MB, 5 * MB), "never less than a byte per byte"
     assert_equal 0, budget.bytes(125 * MB, 10 * MB), "past the bound: nothing more"
   end

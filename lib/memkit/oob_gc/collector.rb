@@ -337,16 +337,18 @@ module Memkit
           # `regrow_after` requests apart, so that the RSS each step costs is
           # measured (RssBudget) before the next.
           starving = @policy.shortfall(reading, @profile, cover: @cover).any?(&:positive?)
-          added = @growth.grow(short, @policy, rounds: starving ? HeapGrowth::ROUNDS : 1)
-          Counters.grew(added)
-          after = self.class.reading
-          @policy.collected(:major, after)
-          # Each attempt costs major GCs: one that won Ruby over less than
-          # half the slots asked for (or, one step at a time, none) waits
-          # twice as long before the next.
-          still = @policy.shortfall(after, @profile, cover: @cover, want: @want)
-          @refused = starving ? still.sum > short.sum / 2 : added.zero?
-          @regrow_wait = @refused ? @regrow_wait * 2 : @regrow_after
+          added = @growth.grow(short, @policy, rounds: starving ? HeapGrowth::ROUNDS : 1, one_past: starving)
+          if added
+            Counters.grew(added)
+            after = self.class.reading
+            @policy.collected(:major, after)
+            # Each attempt costs major GCs: one that won Ruby over less than
+            # half the slots asked for (or, one step at a time, none) waits
+            # twice as long before the next.
+            still = @policy.shortfall(after, @profile, cover: @cover, want: @want)
+            @refused = starving ? still.sum > short.sum / 2 : added.zero?
+            @regrow_wait = @refused ? @regrow_wait * 2 : @regrow_after
+          end
         end
         Counters.update(heap_slots: GC.stat(:heap_available_slots), heap_bytes: HeapGrowth.page_bytes,
                         heap_grown_bytes: @growth.grown_bytes, boot_env: boot_env(self.class.reading),

@@ -66,11 +66,14 @@ module Memkit
       PAGE_SIZE = 4096
 
       # want: slots to add per pool; rounds: at most this many of Ruby's
-      # growth steps per pool. Returns the bytes of object pages added (0 if
-      # Ruby would not grow, or the budget is spent).
-      def grow(want, policy, rounds: ROUNDS)
+      # growth steps per pool; one_past: the first step may pass the budget
+      # (a heap that cannot hold the next requests gains nothing from
+      # collecting early, so one step is worth more than the bound). Returns the bytes of object pages added (0 if
+      # Ruby would not grow), or nil if no step fit the budget (no GC run).
+      def grow(want, policy, rounds: ROUNDS, one_past: false)
         before = page_bytes
         held = []
+        ran = 0
         want.each_with_index do |slots, i|
           next unless slots.positive?
 
@@ -78,18 +81,23 @@ module Memkit
           next unless slots.positive?
 
           goal = capacity(policy, i) + slots
-          rounds.times do
+          rounds.times do |round|
             now = capacity(policy, i)
             break if now >= goal
             # Ruby grows a pool by a step of its own (about 1.4x at the
             # fill's live share): none that would pass the bound.
-            break if now * STEP * slot_size(i) > budget - [page_bytes - before, 0].max
+            past = now * STEP * slot_size(i) > budget - [page_bytes - before, 0].max
+            break if past && !(one_past && round.zero? && ran.zero?)
 
             fill(i, now, held)
             GC.start(full_mark: true, immediate_sweep: true)
+            ran += 1
             break if capacity(policy, i) <= now # Ruby did not grow it
           end
         end
+        # No round fit the budget: nothing to drop, no major to run.
+        return if ran.zero?
+
         held.clear
         GC.start(full_mark: true, immediate_sweep: true)
         added = [page_bytes - before, 0].max

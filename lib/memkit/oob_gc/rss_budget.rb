@@ -25,9 +25,11 @@ module Memkit
       end
 
       # top: RSS bytes just before this GC; grown: page bytes the heap has
-      # gained so far. The first call sets the level before growth.
+      # gained so far. Until the heap has grown, the level follows the
+      # highest top seen: a young worker's RSS still rises as it warms up,
+      # with or without OobGC.
       def bytes(top, grown)
-        @base ||= top
+        @base = top if @base.nil? || (grown.zero? && top > @base)
         cost = grown.positive? ? [(top - @base).fdiv(grown), 1.0].max : 1.0
         room = (@base * (1 + @share)) - top
         room.positive? ? (room / cost).floor : 0
