@@ -480,8 +480,10 @@ module Memkit
           (stat.fetch(:heap_allocatable_pages, 0) * GC::INTERNAL_CONSTANTS.fetch(:HEAP_PAGE_OBJ_LIMIT, 409))
       end
 
-      # RUBY_GC_* values that would give the heap, from boot, the free slots
-      # to hold `cover` requests beside today's live objects.
+      # RUBY_GC_* values that would give the worker, from boot, the heap it
+      # has now (what the collector chose: grown, or as Ruby sized it), and
+      # at least the free slots to hold `cover` requests beside today's live
+      # objects.
       def boot_env(reading)
         return {} if @profile.empty?
 
@@ -489,15 +491,20 @@ module Memkit
         objects = @profile.objects
         if (heaps = reading[:heaps])
           heaps.each_with_index do |h, i|
+            next unless objects.fetch(i, 0).positive?
+
             live = h.fetch(:total_allocated_objects) - h.fetch(:total_freed_objects)
-            want = live + (objects.fetch(i, 0) * @cover).ceil
-            env["RUBY_GC_HEAP_#{i}_INIT_SLOTS"] = round_up(want) if objects.fetch(i, 0).positive?
+            pages = h.fetch(:heap_eden_pages)
+            own = h.fetch(:heap_eden_slots)
+            own += h.fetch(:heap_allocatable_pages, 0) * (own / pages) if pages.positive?
+            want = [live + (objects.fetch(i, 0) * @cover).ceil, own].max
+            env["RUBY_GC_HEAP_#{i}_INIT_SLOTS"] = round_up(want)
           end
         else
           # Mid-sweep, heap_live_slots counts the unswept garbage: the policy
           # reads the mark.
           live = @policy.live(reading)
-          env["RUBY_GC_HEAP_INIT_SLOTS"] = round_up(live + (objects.fetch(0, 0) * @cover).ceil)
+          env["RUBY_GC_HEAP_INIT_SLOTS"] = round_up([live + (objects.fetch(0, 0) * @cover).ceil, capacity(reading)].max)
         end
         malloc = (@profile.malloc * @cover).ceil
         limit = reading.fetch(:stat)[:malloc_increase_bytes_limit].to_i
