@@ -202,6 +202,24 @@ class OobGCPolicyTest < Minitest::Test
     refute policy.major_next?(one_heap(free: 200_000, allocatable: 100 * PAGE))
   end
 
+  # A minor whose mark would take the shady (or old) objects past their
+  # limit, growing as much as at the last minor, would set the flag: the
+  # major runs in its place.
+  def test_one_heap_runs_the_major_alone_where_a_minor_would_set_shady
+    policy = Policy::OneHeap.new(page_slots: PAGE)
+    req = profile(40_000)
+    shady = ->(n) { { remembered_wb_unprotected_objects: n, remembered_wb_unprotected_objects_limit: 1_000 } }
+    policy.collecting(one_heap(free: 0, old: 100_000, **shady.call(800)))
+    policy.collected(:minor, one_heap(free: 200_000, marked: 130_000, old: 100_000, count: 11, **shady.call(900)))
+    assert_equal :minor, policy.decide(one_heap(free: 30_000, old: 100_000, count: 11, **shady.call(900)), req)
+    assert_equal :major, policy.decide(one_heap(free: 30_000, old: 100_000, count: 11, **shady.call(950)), req)
+    # Old objects: 20k promoted at the last minor, 190k of a 200k limit now.
+    policy.collecting(one_heap(free: 0, old: 100_000, count: 11, **shady.call(0)))
+    policy.collected(:minor, one_heap(free: 200_000, marked: 150_000, old: 120_000, count: 12, **shady.call(0)))
+    assert_equal :major, policy.decide(one_heap(free: 30_000, old: 190_000, count: 12, **shady.call(0)), req)
+    assert_equal :minor, policy.decide(one_heap(free: 30_000, old: 170_000, count: 12, **shady.call(0)), req)
+  end
+
   # Policy#major_due?: a pending major runs in the same pause where the next
   # request would not fit before it.
   def test_major_due_after_a_minor_only_where_the_next_request_would_not_fit
