@@ -5,6 +5,7 @@ require_relative "profile"
 require_relative "policy"
 require_relative "counters"
 require_relative "heap_growth"
+require_relative "rss_budget"
 require_relative "../out_of_band"
 
 module Memkit
@@ -28,9 +29,10 @@ module Memkit
       # request N where Ruby would collect inside it runs up to (N + 1) / N
       # times Ruby's GCs: 1.1x at 10.
       COVER = 10
-      # The heap growth's bound besides max_heap_growth: this share of the
-      # worker's RSS when it first sizes the heap, so that a sized worker stays
-      # within 1.3x the RSS it would have without OobGC.
+      # The heap growth's bound besides max_heap_growth: the worker's RSS at
+      # the top of a GC cycle may grow by this share of what it was before any
+      # growth (see RssBudget), so that a sized worker stays within 1.3x the
+      # RSS it would have without OobGC.
       RSS_SHARE = 0.2
 
       DEFAULTS = { headroom: 1.1, percentile: 0.95, window: 200, max_heap_growth: 64 << 20, regrow_after: 100,
@@ -84,7 +86,8 @@ module Memkit
       # max_heap_growth: bytes of object pages the collector may add to the
       #   heap at run time, so that a collected heap holds the next requests
       #   (0 turns growing off; boot_env in stats still says what to set).
-      # regrow_after: requests before growing again a heap Ruby has shrunk.
+      # regrow_after: requests between two steps of growth, and before growing
+      #   again a heap Ruby has shrunk.
       # full_mark: on Ruby 3.4+ (GC.config), :auto stops Ruby's own major
       #   GCs while serving and runs them between requests; true leaves them
       #   to Ruby.
@@ -108,7 +111,10 @@ module Memkit
         klass = Policy::SizePools if klass == Policy::NoFullMark && full_mark == true
         @policy = klass.new(headroom: headroom)
         @growth = HeapGrowth.new(max_bytes: max_heap_growth)
+        @rss_budget = RssBudget.new(share: RSS_SHARE)
+        @rss_top = nil # RSS just before the latest out-of-band GC, where growth is on
         @regrow_after = regrow_after
+        @regrow_wait = regrow_after # doubled after each growth Ruby refused
         @log = log
         @cover = headroom + 1 # after a GC: the next request, and one more
         @want = [@cover, COVER].max
@@ -275,12 +281,13 @@ module Memkit
       # Returns how many GCs it ran.
       def run(kind, reading)
         runs = 1
+        @rss_top = HeapGrowth.statm_rss if !@no_full_mark && (@growth.budget.positive? || @rss_top)
         lazy = @policy.sweep_lazily?(reading, @profile)
         collect(kind, reading, lazy)
         after = self.class.reading
         # A minor GC that leaves less than the minimum free share of the heap
         # makes Ruby's next GC a major one: better now than in the next request.
-        if kind == :minor && @policy.major_next?(after)
+        if kind == :minor && (@policy.major_next?(after) || @policy.major_due?(after, @profile))
           collect(:major, after, lazy)
           runs += 1
           after = self.class.reading
@@ -312,10 +319,19 @@ module Memkit
       # (bounded by max_heap_growth), and record what the heap costs and
       # what to set at boot for it.
       def size(reading)
-        unless @bounded
-          @bounded = true
-          rss = HeapGrowth.rss_bytes
-          @growth.bound((rss * RSS_SHARE).to_i) if rss
+        if @no_full_mark
+          # Ruby 3.4's growth by running a pool dry: bounded by pages, at a
+          # share of the RSS when the heap is first sized. Measured RSS
+          # (RssBudget) stopped it on the app that mallocs 8 MB per request,
+          # whose RSS swings by more than the bound between GCs: 328 GCs where
+          # this ran 160 (bench/notes/oobgc-rails-fix.md).
+          unless @bounded
+            @bounded = true
+            rss = HeapGrowth.statm_rss
+            @growth.allow((rss * RSS_SHARE).to_i) if rss
+          end
+        elsif @rss_top
+          @growth.allow(@rss_budget.bytes(@rss_top, @growth.grown_bytes))
         end
         if @no_full_mark
           count_dried
@@ -329,17 +345,26 @@ module Memkit
         else
           short = @policy.shortfall(reading, @profile, cover: @cover, want: @want)
         end
-        if short.any?(&:positive?) && @growth.budget.positive? && !@refused &&
-           (@grown_at.nil? || @seen - @grown_at >= @regrow_after)
+        if short.any?(&:positive?) && @growth.budget.positive? &&
+           (@grown_at.nil? || @seen - @grown_at >= @regrow_wait)
           @grown_at = @seen
-          added = @growth.grow(short, @policy)
-          Counters.grew(added)
-          after = self.class.reading
-          @policy.collected(:major, after)
-          # Each attempt costs major GCs: one that won Ruby over less than
-          # half the slots asked for is not repeated in this process.
-          still = @policy.shortfall(after, @profile, cover: @cover, want: @want)
-          @refused = still.sum > short.sum / 2
+          # A heap that cannot hold the next `cover` requests grows as far as
+          # it must at once; beyond that, one of Ruby's growth steps at a time,
+          # `regrow_after` requests apart, so that the RSS each step costs is
+          # measured (RssBudget) before the next.
+          starving = @policy.shortfall(reading, @profile, cover: @cover).any?(&:positive?)
+          added = @growth.grow(short, @policy, rounds: starving ? HeapGrowth::ROUNDS : 1, one_past: starving)
+          if added
+            Counters.grew(added)
+            after = self.class.reading
+            @policy.collected(:major, after)
+            # Each attempt costs major GCs: one that won Ruby over less than
+            # half the slots asked for (or, one step at a time, none) waits
+            # twice as long before the next.
+            still = @policy.shortfall(after, @profile, cover: @cover, want: @want)
+            @refused = starving ? still.sum > short.sum / 2 : added.zero?
+            @regrow_wait = @refused ? @regrow_wait * 2 : @regrow_after
+          end
         end
         Counters.update(heap_slots: GC.stat(:heap_available_slots), heap_bytes: HeapGrowth.page_bytes,
                         heap_grown_bytes: @growth.grown_bytes, boot_env: boot_env(self.class.reading),
@@ -458,8 +483,10 @@ module Memkit
           (stat.fetch(:heap_allocatable_pages, 0) * GC::INTERNAL_CONSTANTS.fetch(:HEAP_PAGE_OBJ_LIMIT, 409))
       end
 
-      # RUBY_GC_* values that would give the heap, from boot, the free slots
-      # to hold `cover` requests beside today's live objects.
+      # RUBY_GC_* values that would give the worker, from boot, the heap it
+      # has now (what the collector chose: grown, or as Ruby sized it), and
+      # at least the free slots to hold `cover` requests beside today's live
+      # objects.
       def boot_env(reading)
         return {} if @profile.empty?
 
@@ -467,13 +494,20 @@ module Memkit
         objects = @profile.objects
         if (heaps = reading[:heaps])
           heaps.each_with_index do |h, i|
+            next unless objects.fetch(i, 0).positive?
+
             live = h.fetch(:total_allocated_objects) - h.fetch(:total_freed_objects)
-            want = live + (objects.fetch(i, 0) * @cover).ceil
-            env["RUBY_GC_HEAP_#{i}_INIT_SLOTS"] = round_up(want) if objects.fetch(i, 0).positive?
+            pages = h.fetch(:heap_eden_pages)
+            own = h.fetch(:heap_eden_slots)
+            own += h.fetch(:heap_allocatable_pages, 0) * (own / pages) if pages.positive?
+            want = [live + (objects.fetch(i, 0) * @cover).ceil, own].max
+            env["RUBY_GC_HEAP_#{i}_INIT_SLOTS"] = round_up(want)
           end
         else
-          live = reading.fetch(:stat).fetch(:heap_live_slots)
-          env["RUBY_GC_HEAP_INIT_SLOTS"] = round_up(live + (objects.fetch(0, 0) * @cover).ceil)
+          # Mid-sweep, heap_live_slots counts the unswept garbage: the policy
+          # reads the mark.
+          live = @policy.live(reading)
+          env["RUBY_GC_HEAP_INIT_SLOTS"] = round_up([live + (objects.fetch(0, 0) * @cover).ceil, capacity(reading)].max)
         end
         malloc = (@profile.malloc * @cover).ceil
         limit = reading.fetch(:stat)[:malloc_increase_bytes_limit].to_i

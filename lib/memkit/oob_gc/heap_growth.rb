@@ -37,7 +37,7 @@ module Memkit
         @pools = GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
       end
 
-      def budget = [@max_bytes - @grown_bytes, 0].max
+      def budget = [[@max_bytes, @allowed || @max_bytes].min - @grown_bytes, 0].max
 
       # Counts `bytes` the heap grew by other means against the budget.
       def record(bytes)
@@ -50,25 +50,30 @@ module Memkit
         [(GC.stat_heap(index, :slot_size) - 16) / 8, 0].max
       end
 
-      # Lowers the bound to `bytes` in all (nil: unknown, no change).
-      def bound(bytes)
-        @max_bytes = [@max_bytes, bytes].min if bytes
+      # Allows `bytes` more from now on, within max_bytes (see RssBudget).
+      def allow(bytes)
+        @allowed = @grown_bytes + [bytes, 0].max
       end
 
-      # This process's resident set, in bytes (nil where /proc is missing).
-      def self.rss_bytes
-        kb = File.read("/proc/self/status")[/^VmRSS:\s+(\d+)/, 1]
-        kb && (Integer(kb) * 1024)
+      # This process's resident set, in bytes, from one small read (nil where
+      # /proc is missing).
+      def self.statm_rss
+        File.read("/proc/self/statm").split[1].to_i * PAGE_SIZE
       rescue SystemCallError
         nil
       end
 
-      # want: slots to add per pool. Yields a fresh reading whenever it needs
-      # one (the collector's). Returns the bytes of object pages added (0 if
-      # Ruby would not grow, or the budget is spent).
-      def grow(want, policy)
+      PAGE_SIZE = 4096
+
+      # want: slots to add per pool; rounds: at most this many of Ruby's
+      # growth steps per pool; one_past: the first step may pass the budget
+      # (a heap that cannot hold the next requests gains nothing from
+      # collecting early, so one step is worth more than the bound). Returns the bytes of object pages added (0 if
+      # Ruby would not grow), or nil if no step fit the budget (no GC run).
+      def grow(want, policy, rounds: ROUNDS, one_past: false)
         before = page_bytes
         held = []
+        ran = 0
         want.each_with_index do |slots, i|
           next unless slots.positive?
 
@@ -76,18 +81,23 @@ module Memkit
           next unless slots.positive?
 
           goal = capacity(policy, i) + slots
-          ROUNDS.times do
+          rounds.times do |round|
             now = capacity(policy, i)
             break if now >= goal
             # Ruby grows a pool by a step of its own (about 1.4x at the
             # fill's live share): none that would pass the bound.
-            break if now * STEP * slot_size(i) > budget - [page_bytes - before, 0].max
+            past = now * STEP * slot_size(i) > budget - [page_bytes - before, 0].max
+            break if past && !(one_past && round.zero? && ran.zero?)
 
             fill(i, now, held)
             GC.start(full_mark: true, immediate_sweep: true)
+            ran += 1
             break if capacity(policy, i) <= now # Ruby did not grow it
           end
         end
+        # No round fit the budget: nothing to drop, no major to run.
+        return if ran.zero?
+
         held.clear
         GC.start(full_mark: true, immediate_sweep: true)
         added = [page_bytes - before, 0].max

@@ -226,6 +226,14 @@ module Memkit
         !reading.fetch(:info)[:need_major_by].nil? || @oldmalloc_over == true
       end
 
+      # After a minor GC: whether a major is pending (#major_pending?) and
+      # the heap, as Ruby uses it until that major runs, cannot hold the next
+      # request. Then it runs at once, in the same pause; otherwise when
+      # #decide finds it due, where Ruby would have run it.
+      def major_due?(reading, profile)
+        !profile.empty? && major_pending?(reading) && pools_short?(reading, profile.objects, @headroom)
+      end
+
       # Whether oldmalloc is past its limit: the next minor GC will raise the
       # limit and ask for a major, which then runs at once (see #major_pending?).
       def oldmalloc_over?(reading)

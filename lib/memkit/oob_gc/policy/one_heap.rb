@@ -41,7 +41,10 @@ module Memkit
 
         def collected(kind, reading)
           stat = reading.fetch(:stat)
-          @survived = stat.fetch(:heap_marked_slots) - @old_before.to_i if kind == :minor && @old_before
+          if kind == :minor && @old_before
+            @survived = stat.fetch(:heap_marked_slots) - @old_before
+            @steps = [stat.fetch(:old_objects) - @old_before, shady(stat) - @shady_before].map { |d| [d, 0].max }
+          end
           @marked_at = stat.fetch(:total_allocated_objects)
           @major_at = stat.fetch(:count) if kind == :major
           @seen = [stat.fetch(:count), @marked_at, stat.fetch(:major_gc_count)]
@@ -53,6 +56,7 @@ module Memkit
         def collecting(reading, kind = :minor)
           super
           @old_before = reading.fetch(:stat).fetch(:old_objects)
+          @shady_before = shady(reading.fetch(:stat))
         end
 
         # Mid-sweep, what the mark kept.
@@ -61,6 +65,10 @@ module Memkit
           reading.fetch(:info)[:state] == :sweeping ? stat.fetch(:heap_marked_slots) : stat.fetch(:heap_live_slots)
         end
 
+        # With a major pending, the allocatable pages are not room: Ruby
+        # takes none while one is (heap_prepare starts the GC as soon as the
+        # eden pages are full), so the major is due when they are, and runs
+        # between requests where Ruby would have run it inside the next one.
         def free(reading)
           stat = reading.fetch(:stat)
           free = if @marked_at && reading.fetch(:info)[:state] == :sweeping
@@ -69,30 +77,54 @@ module Memkit
                  else
                    stat.fetch(:heap_free_slots)
                  end
-          [free + allocatable_slots(stat)]
+          [major_pending?(reading) ? free : free + allocatable_slots(stat)]
         end
 
-        # Ruby 3.1 says nothing about the next GC being major; its own test at
-        # the end of the mark (gc_marks_finish), applied here: the slots the
+        # Ruby 3.1 says nothing about the next GC being major (no
+        # latest_gc_info(:need_major_by)). Its mark sets the flag when old or
+        # remembered shady objects pass their limits, which #major_pending?
+        # reads from GC.stat; that major runs at once. Left for when the eden
+        # pages would be full (#free, #major_due?), it started inside a
+        # request in 59 of 60 cases on the bench Rails app behind Puma
+        # (bench/notes/oobgc-rails-fix.md). And when the sweep will leave too
+        # little free (NOFREE, gc_marks_finish), applied here: the slots the
         # sweep will leave free against the heap with the pages it may add.
         def major_next?(reading)
-          return true if super
+          return true if super || major_pending?(reading)
 
           stat = reading.fetch(:stat)
           !grows_instead?(stat.fetch(:count)) && fills?(stat, stat.fetch(:heap_marked_slots))
         end
 
-        # If a minor would leave less than Ruby's free minimum, the major
-        # would follow it at once, and the minor is only work added to the
-        # same pause.
+        # If a minor would leave less than Ruby's free minimum, or its mark
+        # would take old or shady objects past their limits (each grows by
+        # about what it grew at the last out-of-band minor), the major would
+        # follow it at once, and the minor is only work added to the same
+        # pause: on the bench Rails app behind Puma that was one GC run more
+        # per major (1.13x Ruby alone's GC runs).
         def minor_would_fill?(reading)
           return false unless @survived
 
           stat = reading.fetch(:stat)
+          return true if flags_would_pass?(stat)
+
           !grows_instead?(stat.fetch(:count) + 1) && fills?(stat, stat.fetch(:old_objects) + @survived)
         end
 
         private
+
+        # Ruby's test at the end of a mark (gc_marks_finish): a count past its
+        # limit sets the flag.
+        def flags_would_pass?(stat)
+          old_step, shady_step = @steps
+          return false unless old_step
+
+          limit = stat.fetch(:remembered_wb_unprotected_objects_limit, 0)
+          stat.fetch(:old_objects) + old_step > stat.fetch(:old_objects_limit) ||
+            (limit.positive? && shady(stat) + shady_step > limit)
+        end
+
+        def shady(stat) = stat.fetch(:remembered_wb_unprotected_objects, 0)
 
         def fills?(stat, marked)
           total = eden_slots(stat) + allocatable_slots(stat)

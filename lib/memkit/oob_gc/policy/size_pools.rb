@@ -7,27 +7,129 @@ module Memkit
       # and any one running dry starts a GC. There is no marked count per
       # pool, so the free count is only right once the sweep is over: the
       # out-of-band GC sweeps at once.
+      #
+      # Ruby 3.2/3.3 decide at the end of each pool's sweep
+      # (gc_sweep_finish_size_pool): a pool left with less than 20% of its
+      # slots free and no allocatable pages grows if the last major is under
+      # RVALUE_OLD_AGE GCs old, and otherwise asks for a major (NOFREE), but
+      # only if it is a "growth heap": its sweep freed more slots than it
+      # found already free. A GC that allocation started finds its pool
+      # exhausted, so that pool always is one. An out-of-band GC runs while
+      # the pool still holds the next request's room, which is then "already
+      # free": Ruby neither grows the pool nor asks for the major, and old
+      # garbage that only a major frees piles up in it, so the GCs come
+      # closer together as a worker ages (bench/notes/oobgc-rails-fix.md: the
+      # Rails app's 160-byte pool on 3.3, one GC every ~2 requests). So after
+      # an out-of-band minor this applies Ruby's test to the room the next
+      # cycle can use (the free slots less the room kept for the next
+      # request), and a pool that fails it makes the next GC a major.
       class SizePools < Policy
         BASE_SLOT_SIZE = 40
+        # Ruby's RVALUE_OLD_AGE: within this many GCs of a major, a pool left
+        # short grows instead of asking for a major.
+        OLD_AGE = 3
+
+        def initialize(**options)
+          super
+          @major_at = nil     # GC count at the latest major seen
+          @live_at_major = nil # live objects per pool right after it (nil: not seen)
+          @nofree_at = nil    # GC count at which a minor asked for a major (see #collected)
+          @objects = nil      # the profile's objects per pool, at the last #decide
+          @majors = nil       # major_gc_count at the last reading
+        end
 
         # Free slots per pool: the pool's slots less its live objects, plus
         # the pages it may still add without collecting (per pool up to 3.3;
         # 3.4 keeps one count of allocatable slots, in base-size slots, that
         # every pool draws from).
         def live(reading)
-          reading.fetch(:heaps).sum { |h| h.fetch(:total_allocated_objects) - h.fetch(:total_freed_objects) }
+          reading.fetch(:heaps).sum { |h| live_in(h) }
         end
 
         def free(reading)
           shared = reading.fetch(:stat).fetch(:heap_allocatable_slots, 0)
           reading.fetch(:heaps).map do |h|
-            live = h.fetch(:total_allocated_objects) - h.fetch(:total_freed_objects)
-            slots = h.fetch(:heap_eden_slots)
-            pages = h.fetch(:heap_eden_pages)
-            per_page = pages.zero? ? 0 : slots / pages
             slot_size = h.fetch(:slot_size, BASE_SLOT_SIZE)
-            slots - live + (h.fetch(:heap_allocatable_pages, 0) * per_page) + (shared * BASE_SLOT_SIZE / slot_size)
+            h.fetch(:heap_eden_slots) - live_in(h) + allocatable_in(h) + (shared * BASE_SLOT_SIZE / slot_size)
           end
+        end
+
+        def decide(reading, profile, headroom: @headroom)
+          @objects = profile.objects unless profile.empty?
+          super
+        end
+
+        # Also where the last out-of-band minor left a pool short (#nofree?)
+        # and no GC has run since: the next GC is a major.
+        def major_pending?(reading)
+          (!@nofree_at.nil? && @nofree_at == reading.fetch(:stat).fetch(:count)) || super
+        end
+
+        # A major Ruby ran (inside a request, or growing the heap) is seen
+        # at the next reading; its live counts then include unswept garbage,
+        # which errs towards fewer majors.
+        def observe(reading, allocated_before: nil)
+          stat = reading.fetch(:stat)
+          majors = stat.fetch(:major_gc_count)
+          seen_major(reading) if @majors && majors != @majors
+          @majors = majors
+        end
+
+        def collected(kind, reading)
+          @majors = reading.fetch(:stat).fetch(:major_gc_count)
+          if kind == :major
+            seen_major(reading)
+          elsif kind == :minor
+            @nofree_at = (reading.fetch(:stat).fetch(:count) if nofree?(reading))
+          end
+        end
+
+        # Whether Ruby would ask for a major (NOFREE) after the minor just
+        # run, had allocation started it: some pool the requests allocate in
+        # keeps, beyond the room for the next request, less than Ruby's free
+        # minimum of its slots (its own and its allocatable pages), not within
+        # OLD_AGE GCs of a major (Ruby grows the pool then), and a major would
+        # give that room back: the pool's live objects have grown since the
+        # last major by at least what it lacks. Where it would not, the pool
+        # needs growth, not majors (a cache that keeps growing).
+        def nofree?(reading)
+          return false unless @objects
+          return false if reading.fetch(:info)[:state] == :sweeping # free counts are not final mid-sweep
+
+          count = reading.fetch(:stat).fetch(:count)
+          return false if @major_at && count - @major_at < OLD_AGE
+
+          free = free(reading)
+          reading.fetch(:heaps).each_with_index.any? do |h, i|
+            need = @objects.fetch(i, 0)
+            next false unless need.positive?
+
+            total = h.fetch(:heap_eden_slots) + allocatable_in(h)
+            lacking = (total * @min_free_ratio) - (free[i] - reserve(need))
+            next false unless lacking.positive?
+
+            base = @live_at_major&.fetch(i, nil)
+            base.nil? || live_in(h) - base >= lacking
+          end
+        end
+
+        private
+
+        def seen_major(reading)
+          @major_at = reading.fetch(:stat).fetch(:count)
+          @live_at_major = reading.fetch(:heaps).map { |h| live_in(h) }
+          @nofree_at = nil
+        end
+
+        # Free slots a pool must keep for the next request (as #decide asks).
+        def reserve(need) = (need * @headroom) + [SLACK, need].min
+
+        def live_in(heap) = heap.fetch(:total_allocated_objects) - heap.fetch(:total_freed_objects)
+
+        def allocatable_in(heap)
+          pages = heap.fetch(:heap_eden_pages)
+          per_page = pages.zero? ? 0 : heap.fetch(:heap_eden_slots) / pages
+          heap.fetch(:heap_allocatable_pages, 0) * per_page
         end
       end
     end
