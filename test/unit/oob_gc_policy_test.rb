@@ -362,7 +362,7 @@ class OobGCPolicyTest < Minitest::Test
            "a major resets the bound"
   end
 
-  # Recorded on Ruby 3.4, "large" shape (bench/notes/oobgc-count.md): pool 1
+  # Recorded on Ruby 3.4, "large" shape (docs/BENCHMARKS.md, "OobGC: GC runs per request"): pool 1
   # swept to 18% free after every GC while the shared allocatable slots made
   # every pool look roomy. Ruby asks for a :nofree major at the third minor;
   # growth must be wanted for pool 1 even though #shortfall, counting the

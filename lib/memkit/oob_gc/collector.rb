@@ -324,7 +324,7 @@ module Memkit
           # share of the RSS when the heap is first sized. Measured RSS
           # (RssBudget) stopped it on the app that mallocs 8 MB per request,
           # whose RSS swings by more than the bound between GCs: 328 GCs where
-          # this ran 160 (bench/notes/oobgc-rails-fix.md).
+          # this ran 160 (docs/BENCHMARKS.md, "OobGC on the Rails app").
           unless @bounded
             @bounded = true
             rss = HeapGrowth.statm_rss
@@ -378,7 +378,7 @@ module Memkit
       # overruns it, where a GC Ruby did not start for malloc lowers it by 2%:
       # collected out of band by GC.start, the limit never rose and an app
       # that mallocs megabytes a request collected every two or three of them
-      # (bench/notes/oobgc-count.md). Returns whether Ruby collected.
+      # (docs/BENCHMARKS.md, "OobGC: GC runs per request"). Returns whether Ruby collected.
       def overrun_malloc(reading)
         stat = reading.fetch(:stat)
         bytes = stat.fetch(:malloc_increase_bytes_limit) - GC.stat(:malloc_increase_bytes) + 1

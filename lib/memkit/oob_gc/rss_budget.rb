@@ -9,7 +9,7 @@ module Memkit
     # between GCs, more of their garbage holds memory until the GC (its
     # malloc'd blocks, Ruby 3.1's transient heap). On the bench Rails app on
     # Ruby 3.1 the pages were a third of the RSS growth added
-    # (bench/notes/oobgc-rails-fix.md). So the bound is on RSS at the top of a
+    # (docs/BENCHMARKS.md, "OobGC on the Rails app"). So the bound is on RSS at the top of a
     # GC cycle (read just before an out-of-band GC, when the garbage is
     # largest): it may rise to (1 + share) times its level before any growth,
     # and each page byte still to grow is charged the RSS each page byte grown

@@ -64,7 +64,7 @@ module Memkit
         # free, which the major run right after a minor never does.
         # Out-of-band GCs are started by GC.start, so a heap collected only
         # out of band never grew, and a pool left under 20% free asked for a
-        # major (`:nofree`) every third minor (bench/notes/oobgc-count.md).
+        # major (`:nofree`) every third minor (docs/BENCHMARKS.md, "OobGC: GC runs per request").
         def grow_by_allocation(reading, short, budget:)
           heaps = reading.fetch(:heaps)
           sizes = heaps.map { |h| h.fetch(:slot_size, BASE_SLOT_SIZE) }

@@ -86,7 +86,7 @@ module Memkit
         # reads from GC.stat; that major runs at once. Left for when the eden
         # pages would be full (#free, #major_due?), it started inside a
         # request in 59 of 60 cases on the bench Rails app behind Puma
-        # (bench/notes/oobgc-rails-fix.md). And when the sweep will leave too
+        # (docs/BENCHMARKS.md, "OobGC on the Rails app"). And when the sweep will leave too
         # little free (NOFREE, gc_marks_finish), applied here: the slots the
         # sweep will leave free against the heap with the pages it may add.
         def major_next?(reading)

@@ -18,7 +18,7 @@ module Memkit
       # the pool still holds the next request's room, which is then "already
       # free": Ruby neither grows the pool nor asks for the major, and old
       # garbage that only a major frees piles up in it, so the GCs come
-      # closer together as a worker ages (bench/notes/oobgc-rails-fix.md: the
+      # closer together as a worker ages (docs/BENCHMARKS.md, "OobGC on the Rails app": the
       # Rails app's 160-byte pool on 3.3, one GC every ~2 requests). So after
       # an out-of-band minor this applies Ruby's test to the room the next
       # cycle can use (the free slots less the room kept for the next
