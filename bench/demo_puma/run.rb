@@ -4,7 +4,7 @@
 # between / inside requests from the metrics scrape, then the workers' stderr lines the diag config writes.
 #   script/ruby33 env RUBYLIB=/memkit/tmp/x/lib RU=bench/demo_puma/diag.ru HOOK=1 bundle exec ruby bench/demo_puma/run.rb
 # T="1, 1" threads; NOPLUGIN=1; QR=1 (queue_requests false); HOOK=1 logs the master's GC state at fork; L=lines.
-# Written from the lead's tmp/dm_puma.rb; results in docs/BENCHMARKS.md ("memkit demo --server puma on Ruby 3.3 and 3.4").
+# Results in docs/BENCHMARKS.md ("memkit demo --server puma on Ruby 3.3 and 3.4").
 require "net/http"; require "tmpdir"
 threads = ENV.fetch("T", "1, 4"); port = 9393 + rand(500)
 dir = Dir.mktmpdir
