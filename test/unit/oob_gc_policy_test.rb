@@ -44,6 +44,12 @@ class OobGCPolicyTest < Minitest::Test
     p
   end
 
+  # The bench Rails app on 3.3: objects per request per pool, and its pools
+  # with `live2` objects in the 160-byte pool's 45,800 slots.
+  def rails_profile = profile([10_000, 0, 2_900])
+
+  def rails_pools(live2, **options) = pooled([[200_000, 100_000], [50_000, 10_000], [45_800, live2]], **options)
+
   def test_nothing_is_due_before_a_request_has_been_seen
     assert_nil Policy::OneHeap.new(page_slots: PAGE).decide(one_heap(free: 0), Profile.new)
   end
@@ -250,59 +256,56 @@ class OobGCPolicyTest < Minitest::Test
   # applies Ruby's test to the room the next cycle can use: the 160-byte pool
   # of bench/rails on 3.3, whose minors keep old garbage.
   def test_size_pools_a_minor_leaving_a_pool_short_makes_the_next_gc_major
-    req = profile([10_000, 0, 2_900])
-    pools = ->(live2) { [[200_000, 100_000], [50_000, 10_000], [45_800, live2]] }
+    req = rails_profile
     policy = Policy::SizePools.new
-    policy.decide(pooled(pools.call(14_500)), req)
-    policy.collected(:major, pooled(pools.call(14_500), count: 10, major_gc_count: 3))
+    policy.decide(rails_pools(14_500), req)
+    policy.collected(:major, rails_pools(14_500, count: 10, major_gc_count: 3))
     # 9,000 free less the 4,190 kept for the next request: under 20% of 45,800.
-    policy.collected(:minor, pooled(pools.call(36_800), count: 12, major_gc_count: 3))
-    refute policy.major_pending?(pooled(pools.call(36_800), count: 12)), "within 3 GCs of a major Ruby grows"
-    assert_equal :minor, policy.decide(pooled(pools.call(42_000), count: 12), req)
-    policy.collected(:minor, pooled(pools.call(36_800), count: 13, major_gc_count: 3))
-    assert policy.major_pending?(pooled(pools.call(36_800), count: 13))
-    assert_nil policy.decide(pooled(pools.call(36_800), count: 13), req), "due only when the pool is short"
-    assert_equal :major, policy.decide(pooled(pools.call(42_000), count: 13), req)
-    refute policy.major_due?(pooled(pools.call(36_800), count: 13), req), "the next request fits: not at once"
-    assert policy.major_due?(pooled(pools.call(42_000), count: 13), req)
+    policy.collected(:minor, rails_pools(36_800, count: 12, major_gc_count: 3))
+    refute policy.major_pending?(rails_pools(36_800, count: 12)), "within 3 GCs of a major Ruby grows"
+    assert_equal :minor, policy.decide(rails_pools(42_000, count: 12), req)
+    policy.collected(:minor, rails_pools(36_800, count: 13, major_gc_count: 3))
+    assert policy.major_pending?(rails_pools(36_800, count: 13))
+    assert_nil policy.decide(rails_pools(36_800, count: 13), req), "due only when the pool is short"
+    assert_equal :major, policy.decide(rails_pools(42_000, count: 13), req)
+    refute policy.major_due?(rails_pools(36_800, count: 13), req), "the next request fits: not at once"
+    assert policy.major_due?(rails_pools(42_000, count: 13), req)
     # Any GC since (Ruby's own) settles it.
-    assert_equal :minor, policy.decide(pooled(pools.call(42_000), count: 14), req)
+    assert_equal :minor, policy.decide(rails_pools(42_000, count: 14), req)
     # Room enough after the minor: nothing pending.
-    policy.collected(:minor, pooled(pools.call(25_000), count: 15, major_gc_count: 3))
-    refute policy.major_pending?(pooled(pools.call(25_000), count: 15))
+    policy.collected(:minor, rails_pools(25_000, count: 15, major_gc_count: 3))
+    refute policy.major_pending?(rails_pools(25_000, count: 15))
     # Mid-sweep the free counts are not final: no verdict.
-    policy.collected(:minor, pooled(pools.call(36_800), count: 16, major_gc_count: 3, state: :sweeping))
-    refute policy.major_pending?(pooled(pools.call(36_800), count: 16))
+    policy.collected(:minor, rails_pools(36_800, count: 16, major_gc_count: 3, state: :sweeping))
+    refute policy.major_pending?(rails_pools(36_800, count: 16))
   end
 
   # A pool short because what it holds is live (a cache that grows) gains
   # nothing from majors: it needs growth (#shortfall), not majors.
   def test_size_pools_no_major_for_a_pool_full_of_live_objects
-    req = profile([10_000, 0, 2_900])
-    pools = ->(live2) { [[200_000, 100_000], [50_000, 10_000], [45_800, live2]] }
+    req = rails_profile
     policy = Policy::SizePools.new
-    policy.decide(pooled(pools.call(36_000)), req)
-    policy.collected(:major, pooled(pools.call(36_000), count: 10, major_gc_count: 3))
-    policy.collected(:minor, pooled(pools.call(36_800), count: 13, major_gc_count: 3))
-    refute policy.major_pending?(pooled(pools.call(36_800), count: 13))
+    policy.decide(rails_pools(36_000), req)
+    policy.collected(:major, rails_pools(36_000, count: 10, major_gc_count: 3))
+    policy.collected(:minor, rails_pools(36_800, count: 13, major_gc_count: 3))
+    refute policy.major_pending?(rails_pools(36_800, count: 13))
     # A major Ruby ran, seen at a later reading, counts as the latest.
-    policy.observe(pooled(pools.call(20_000), count: 14, major_gc_count: 3))
-    policy.observe(pooled(pools.call(20_000), count: 15, major_gc_count: 4))
-    policy.collected(:minor, pooled(pools.call(36_800), count: 17, major_gc_count: 4))
-    refute policy.major_pending?(pooled(pools.call(36_800), count: 17)), "within 3 GCs of Ruby's major"
-    policy.collected(:minor, pooled(pools.call(36_800), count: 18, major_gc_count: 4))
-    assert policy.major_pending?(pooled(pools.call(36_800), count: 18))
+    policy.observe(rails_pools(20_000, count: 14, major_gc_count: 3))
+    policy.observe(rails_pools(20_000, count: 15, major_gc_count: 4))
+    policy.collected(:minor, rails_pools(36_800, count: 17, major_gc_count: 4))
+    refute policy.major_pending?(rails_pools(36_800, count: 17)), "within 3 GCs of Ruby's major"
+    policy.collected(:minor, rails_pools(36_800, count: 18, major_gc_count: 4))
+    assert policy.major_pending?(rails_pools(36_800, count: 18))
   end
 
   # Ruby 3.4 with full marks off grows pools its own way (NoFullMark).
   def test_no_full_mark_leaves_short_pools_to_growth
-    req = profile([10_000, 0, 2_900])
-    pools = ->(live2) { [[200_000, 100_000], [50_000, 10_000], [45_800, live2]] }
+    req = rails_profile
     policy = Policy::NoFullMark.new
-    policy.decide(pooled(pools.call(14_500)), req)
-    policy.collected(:major, pooled(pools.call(14_500), count: 10))
-    policy.collected(:minor, pooled(pools.call(36_800), count: 13))
-    refute policy.major_pending?(pooled(pools.call(36_800), count: 13))
+    policy.decide(rails_pools(14_500), req)
+    policy.collected(:major, rails_pools(14_500, count: 10))
+    policy.collected(:minor, rails_pools(36_800, count: 13))
+    refute policy.major_pending?(rails_pools(36_800, count: 13))
   end
 
   def test_size_pools_any_pool_running_dry_is_due

@@ -281,7 +281,7 @@ module Memkit
       # Returns how many GCs it ran.
       def run(kind, reading)
         runs = 1
-        @rss_top = HeapGrowth.statm_rss if !@no_full_mark && (@growth.budget.positive? || @rss_top)
+        @rss_top = HeapGrowth.rss if !@no_full_mark && (@growth.budget.positive? || @rss_top)
         lazy = @policy.sweep_lazily?(reading, @profile)
         collect(kind, reading, lazy)
         after = self.class.reading
@@ -304,7 +304,7 @@ module Memkit
         @policy.collecting(reading, kind)
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         majors = GC.stat(:major_gc_count)
-        pool = growing_pool(reading) if kind == :minor
+        pool = growing_pool if kind == :minor
         ran = pool && run_dry(pool, reading)
         ran ||= kind == :minor && lazy && @policy.malloc_due?(reading, @profile) && overrun_malloc(reading)
         GC.start(full_mark: kind == :major, immediate_sweep: !lazy) unless ran
@@ -327,7 +327,7 @@ module Memkit
           # this ran 160 (docs/BENCHMARKS.md, "OobGC on the Rails app").
           unless @bounded
             @bounded = true
-            rss = HeapGrowth.statm_rss
+            rss = HeapGrowth.rss
             @growth.allow((rss * RSS_SHARE).to_i) if rss
           end
         elsif @rss_top
@@ -392,7 +392,7 @@ module Memkit
       # Ruby 3.4+ with full marks off: the pool whose running dry makes the
       # minor GC due grow the heap, chosen after the last GC (see
       # Policy::NoFullMark#grow_by_allocation).
-      def growing_pool(_reading)
+      def growing_pool
         pool = @dry_pool
         @dry_pool = nil
         pool

@@ -55,15 +55,12 @@ module Memkit
         @allowed = @grown_bytes + [bytes, 0].max
       end
 
-      # This process's resident set, in bytes, from one small read (nil where
-      # /proc is missing).
-      def self.statm_rss
-        File.read("/proc/self/statm").split[1].to_i * PAGE_SIZE
-      rescue SystemCallError
+      # This process's resident set, in bytes (nil where /proc is missing).
+      def self.rss
+        Memkit.rss
+      rescue Memkit::Error
         nil
       end
-
-      PAGE_SIZE = 4096
 
       # want: slots to add per pool; rounds: at most this many of Ruby's
       # growth steps per pool; one_past: the first step may pass the budget
