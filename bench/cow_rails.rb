@@ -247,6 +247,34 @@ module CowRails
     [app, flags]
   end
 
+  # For the in-process labs: forks WORKERS children that each send
+  # `requests` of the mix through `app` (child k every WORKERS-th path, from
+  # k), calling `before` first, then run `gc` ("full", "minor" or "none") and
+  # wait. Yields their pids once all have, then kills them.
+  def in_process_children(app, requests, gc: "full", before: nil)
+    ready_r, ready_w = IO.pipe
+    pids = Array.new(WORKERS) do |k|
+      fork do
+        ready_r.close
+        before&.call
+        requests.times do |i|
+          _status, _headers, body = app.call(Memkit::Warmup::App.env(path((i * WORKERS) + k)))
+          body.each { |_| nil }
+          body.close if body.respond_to?(:close)
+        end
+        GC.start(full_mark: gc == "full", immediate_sweep: true) unless gc == "none"
+        ready_w.write("r")
+        sleep
+      end
+    end
+    ready_w.close
+    ready_r.read(WORKERS)
+    yield pids
+  ensure
+    pids&.each { |pid| Process.kill(:KILL, pid) }
+    pids&.each { |pid| Process.wait(pid) }
+  end
+
   def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
   def mb(bytes) = format("%.1f", bytes / 1_000_000.0)

@@ -15,30 +15,13 @@ requests = Integer(ARGV.fetch(1, "500"))
 # LAB_WARM=N: N requests of bench/cow_rails.rb's mix (from far in its sequence) instead of the app's list.
 warm = (Array.new(Integer(ENV["LAB_WARM"])) { |i| CowRails.path(1_000_003 + i) } if ENV["LAB_WARM"])
 app, = CowRails.in_process(mode, warm: warm)
-ready_r, ready_w = IO.pipe
-pids = Array.new(4) do |k|
-  fork do
-    ready_r.close
-    # LAB_CONNECT=1: open the database connection and load one product first (to see what that alone costs).
-    Product.first.reviews.to_a if ENV["LAB_CONNECT"]
-    requests.times do |i|
-      env = Memkit::Warmup::App.env(CowRails.path(i * 4 + k))
-      _status, _headers, body = app.call(env)
-      body.each { |_| nil }
-      body.close if body.respond_to?(:close)
-    end
-    GC.start(full_mark: true, immediate_sweep: true)
-    ready_w.write("r")
-    sleep
-  end
+# LAB_CONNECT=1: open the database connection and load one product first (to see what that alone costs).
+connect = (-> { Product.first.reviews.to_a } if ENV["LAB_CONNECT"])
+CowRails.in_process_children(app, requests, before: connect) do |pids|
+  tree = Memkit::Tree.read(Process.pid)
+  master = tree.nodes.find { |n| n.pid == Process.pid }.memory
+  uss = tree.nodes.reject { |n| n.pid == Process.pid }.map { |n| n.memory.uss }
+  puts format("%-16s %5d req: tree %6.1f MB  master pss %5.1f rss %5.1f  child uss mean %5.1f max %5.1f",
+              mode, requests, tree.total_pss / 1e6, master.pss / 1e6, master.rss / 1e6, uss.sum / 4e6, uss.max / 1e6)
+  system(RbConfig.ruby, File.expand_path("../exe/memkit", __dir__), "maps", pids.first.to_s) if ENV["LAB_MAPS"]
 end
-ready_w.close
-ready_r.read(4)
-tree = Memkit::Tree.read(Process.pid)
-master = tree.nodes.find { |n| n.pid == Process.pid }.memory
-uss = tree.nodes.reject { |n| n.pid == Process.pid }.map { |n| n.memory.uss }
-puts format("%-16s %5d req: tree %6.1f MB  master pss %5.1f rss %5.1f  child uss mean %5.1f max %5.1f",
-            mode, requests, tree.total_pss / 1e6, master.pss / 1e6, master.rss / 1e6, uss.sum / 4e6, uss.max / 1e6)
-system(RbConfig.ruby, File.expand_path("../exe/memkit", __dir__), "maps", pids.first.to_s) if ENV["LAB_MAPS"]
-pids.each { |pid| Process.kill(:KILL, pid) }
-pids.each { |pid| Process.wait(pid) }

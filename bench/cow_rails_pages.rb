@@ -151,65 +151,45 @@ module PageClasses
 end
 
 bodies = PageClasses.heap_pages
-ready_r, ready_w = IO.pipe
-pids = Array.new(4) do |k|
-  fork do
-    ready_r.close
-    requests.times do |i|
-      env = Memkit::Warmup::App.env(CowRails.path(i * 4 + k))
-      _status, _headers, body = app.call(env)
-      body.each { |_| nil }
-      body.close if body.respond_to?(:close)
-    end
-    # PAGES_GC: full (default), minor, or none: what the child's GC alone writes
-    case ENV.fetch("PAGES_GC", "full")
-    when "full" then GC.start(full_mark: true, immediate_sweep: true)
-    when "minor" then GC.start(full_mark: false, immediate_sweep: true)
-    end
-    ready_w.write("r")
-    sleep
+# PAGES_GC: full (default), minor, or none: what the child's GC alone writes
+CowRails.in_process_children(app, requests, gc: ENV.fetch("PAGES_GC", "full")) do |pids|
+  master = LivePages.frames(Process.pid)
+  children = pids.map { |pid| LivePages.frames(pid) }
+  sharers = Hash.new(0)
+  ([master] + children).each { |f| f.each_value { |pfn| sharers[pfn] += 1 } }
+  classify = PageClasses.classifier(Process.pid, bodies)
+  mb = ->(pages) { format("%6.1f", pages * PageClasses::PAGE / 1e6) }
+  puts format("%s, %d requests per child, ruby %s: %d heap pages (%s MB of bodies)", mode, requests, RUBY_VERSION,
+              bodies.size, mb.(bodies.size * PageClasses::BODY / PageClasses::PAGE))
+  private_by = pids.each_with_index.map do |_, k|
+    counts = Hash.new(0)
+    children[k].each { |addr, pfn| counts[classify.(addr)] += 1 if sharers[pfn] == 1 }
+    counts
   end
-end
-ready_w.close
-ready_r.read(4)
-master = LivePages.frames(Process.pid)
-children = pids.map { |pid| LivePages.frames(pid) }
-sharers = Hash.new(0)
-([master] + children).each { |f| f.each_value { |pfn| sharers[pfn] += 1 } }
-classify = PageClasses.classifier(Process.pid, bodies)
-mb = ->(pages) { format("%6.1f", pages * PageClasses::PAGE / 1e6) }
-puts format("%s, %d requests per child, ruby %s: %d heap pages (%s MB of bodies)", mode, requests, RUBY_VERSION,
-            bodies.size, mb.(bodies.size * PageClasses::BODY / PageClasses::PAGE))
-private_by = pids.each_with_index.map do |_, k|
-  counts = Hash.new(0)
-  children[k].each { |addr, pfn| counts[classify.(addr)] += 1 if sharers[pfn] == 1 }
-  counts
-end
-classes = ["ruby heap body", "heap_page struct", "brk other", "anon other", "stack", "file"]
-puts "child private MB (each child; mean):"
-classes.each do |c|
-  per = private_by.map { |h| h[c] }
-  puts format("  %-18s %s   mean %s", c, per.map { |n| mb.(n) }.join(" "), mb.(per.sum / 4.0))
-end
-puts format("  %-18s %s", "total", private_by.map { |h| mb.(h.values.sum) }.join(" "))
-# The master's pages no child maps with its frame.
-master_only = Hash.new { |h, k| h[k] = Hash.new(0) }
-master.each do |addr, pfn|
-  next unless sharers[pfn] == 1
+  classes = ["ruby heap body", "heap_page struct", "brk other", "anon other", "stack", "file"]
+  puts "child private MB (each child; mean):"
+  classes.each do |c|
+    per = private_by.map { |h| h[c] }
+    puts format("  %-18s %s   mean %s", c, per.map { |n| mb.(n) }.join(" "), mb.(per.sum / 4.0))
+  end
+  puts format("  %-18s %s", "total", private_by.map { |h| mb.(h.values.sum) }.join(" "))
+  # The master's pages no child maps with its frame.
+  master_only = Hash.new { |h, k| h[k] = Hash.new(0) }
+  master.each do |addr, pfn|
+    next unless sharers[pfn] == 1
 
-  theirs = children.map { |f| f[addr] }
-  kind = if theirs.none? then "children do not map it"
-         elsif theirs.compact.uniq.size < theirs.compact.size then "master wrote (children share the old frame)"
-         else "every child wrote its own copy"
-         end
-  master_only[kind][classify.(addr)] += 1
+    theirs = children.map { |f| f[addr] }
+    kind = if theirs.none? then "children do not map it"
+           elsif theirs.compact.uniq.size < theirs.compact.size then "master wrote (children share the old frame)"
+           else "every child wrote its own copy"
+           end
+    master_only[kind][classify.(addr)] += 1
+  end
+  puts "master private MB, by why:"
+  master_only.each do |kind, counts|
+    puts format("  %-45s %s MB: %s", kind, mb.(counts.values.sum),
+                counts.sort_by { |_, n| -n }.map { |c, n| "#{c} #{mb.(n).strip}" }.join(", "))
+  end
+  tree = Memkit::Tree.read(Process.pid)
+  puts format("tree pss %.1f MB", tree.total_pss / 1e6)
 end
-puts "master private MB, by why:"
-master_only.each do |kind, counts|
-  puts format("  %-45s %s MB: %s", kind, mb.(counts.values.sum),
-              counts.sort_by { |_, n| -n }.map { |c, n| "#{c} #{mb.(n).strip}" }.join(", "))
-end
-tree = Memkit::Tree.read(Process.pid)
-puts format("tree pss %.1f MB", tree.total_pss / 1e6)
-pids.each { |pid| Process.kill(:KILL, pid) }
-pids.each { |pid| Process.wait(pid) }
