@@ -65,13 +65,17 @@ module Memkit
       # want: slots to add per pool; rounds: at most this many of Ruby's
       # growth steps per pool; one_past: the first step may pass the budget
       # (a heap that cannot hold the next requests gains nothing from
-      # collecting early, so one step is worth more than the bound). Returns the bytes of object pages added (0 if
-      # Ruby would not grow), or nil if no step fit the budget (no GC run).
-      def grow(want, policy, rounds: ROUNDS, one_past: false)
+      # collecting early, so one step is worth more than the bound); order:
+      # the pools to grow first, while the budget lasts (the one that runs
+      # dry soonest decides how often GC runs). Returns the bytes of object
+      # pages added (0 if Ruby would not grow), or nil if no step fit the
+      # budget (no GC run).
+      def grow(want, policy, rounds: ROUNDS, one_past: false, order: want.each_index)
         before = page_bytes
         held = []
         ran = 0
-        want.each_with_index do |slots, i|
+        order.each do |i|
+          slots = want.fetch(i)
           next unless slots.positive?
 
           slots = [slots, budget / slot_size(i)].min
