@@ -24,6 +24,7 @@ module Memkit
   autoload :Allocator, File.expand_path("memkit/allocator", __dir__)
   autoload :Libc, File.expand_path("memkit/libc", __dir__)
   autoload :Refork, File.expand_path("memkit/refork", __dir__)
+  autoload :MallocRelease, File.expand_path("memkit/malloc_release", __dir__)
 
   module_function
 

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "libc"
+require_relative "malloc_release"
 require_relative "warmup/app"
 
 module Memkit
@@ -53,6 +54,11 @@ module Memkit
   #   side: on a small app shape (scale 0.1) it kept the slots where filling
   #   them would still have paid (docs/BENCHMARKS.md, "CoW on the app shape").
   #
+  # - malloc_release (after fork, in the children): a worker keeps in glibc
+  #   the most garbage it held between two GCs; MallocRelease gives that back
+  #   after each major GC. On the app shape this is most of a worker's
+  #   private memory, on every Ruby, with or without Process.warmup.
+  #
   # Where Process.warmup exists (Ruby 3.3+) it does promote, compact, free
   # empty pages, coderange and malloc_trim in C; memkit calls it instead, so
   # the default there is exactly the built-in.
@@ -64,7 +70,7 @@ module Memkit
   # can both call it before the same fork without doing the work twice.
   module Warmup
     DEFAULTS = { force: false, threshold: 10_000, max_gcs: 8, promote: true, coderange: true,
-                 compact: :auto, trim: true, fill: :auto, process_warmup: :auto,
+                 compact: :auto, trim: true, fill: :auto, process_warmup: :auto, malloc_release: true,
                  app: nil, requests: nil, logger: nil }.freeze
 
     # What a run did. Durations in seconds, sizes in bytes.
@@ -99,6 +105,9 @@ module Memkit
       #   compact:        true, false, or :auto = where GC.compact exists and
       #                   Process.warmup does not (it compacts itself) (:auto)
       #   process_warmup: true, false or :auto = use Process.warmup where it exists
+      #   malloc_release: true starts MallocRelease in this process, so that
+      #                   it and the children forked from it give glibc's free
+      #                   memory back after each major GC (true)
       #   app:            a Rack app to send `requests` through first, in this
       #                   process, before the heap steps (Warmup::App); once
       #                   per app per process, so a before_fork hook that runs
@@ -117,6 +126,9 @@ module Memkit
           requests = warm_app(opts)
           @last_report = perform(opts)
           @last_report.requests = requests
+          if opts[:malloc_release] && !MallocRelease.started? && MallocRelease.start
+            @last_report.steps << :malloc_release
+          end
           @runs += 1 unless @last_report.skipped
           @last_report
         end
@@ -179,7 +191,7 @@ module Memkit
         unless [true, false, :malloc, :auto].include?(opts[:fill])
           raise InvalidArgument, "warmup fill: must be true, false, :malloc or :auto, not #{opts[:fill].inspect}"
         end
-        %i[force promote coderange trim].each do |key|
+        %i[force promote coderange trim malloc_release].each do |key|
           next if [true, false].include?(opts[key])
 
           raise InvalidArgument, "warmup #{key}: must be true or false, not #{opts[key].inspect}"

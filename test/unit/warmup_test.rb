@@ -21,7 +21,7 @@ class WarmupTest < Minitest::Test
     assert report.young_before > report.young_after, report.to_h.inspect
     assert old?(kept.last), "warmup leaves surviving objects old"
     if Process.respond_to?(:warmup)
-      assert_equal %i[process_warmup], report.steps, "on 3.3+ the default is exactly the built-in"
+      assert_equal %i[process_warmup], report.steps - [:malloc_release], "on 3.3+ the heap steps are the built-in's"
     else
       assert_includes report.steps, :promote
       assert_includes report.steps, :coderange

@@ -1,0 +1,113 @@
+# frozen_string_literal: true
+
+require "test_helper"
+
+# Memkit::MallocRelease with real forked processes, the real GC and glibc.
+class MallocReleaseTest < Minitest::Test
+  # A parent starts it and forks; the child, like a worker, leaves ~60 MB of
+  # malloc'd garbage behind, then a major GC runs. With the release its RSS
+  # falls back; without, glibc keeps the pages.
+  def test_a_child_forked_after_start_gives_its_freed_memory_back_after_a_major_gc
+    skip "no malloc_trim in this process" unless Memkit::Libc.malloc_trim?
+
+    with = child_after_garbage(start: true)
+    without = child_after_garbage(start: false)
+    assert_operator with[:releases], :>=, 1, with.inspect
+    assert_operator with[:dropped], :>=, 30 << 20, "RSS given back with the release: #{with.inspect}"
+    assert_operator without[:dropped], :<, 10 << 20, "glibc keeps the pages without it: #{without.inspect}"
+  end
+
+  # Minor GCs run every few requests: trimming there would hand the same
+  # pages back and forth, so only a major starts a trim.
+  def test_minor_gcs_do_not_trim
+    skip "no malloc_trim in this process" unless Memkit::Libc.malloc_trim?
+
+    result = in_child do
+      Memkit::MallocRelease.start
+      GC.start
+      sleep 0.01
+      majors = GC.stat(:major_gc_count)
+      before = Memkit::MallocRelease.releases
+      5.times do
+        Array.new(20_000) { "y" * 100 }
+        GC.start(full_mark: false)
+        sleep 0.01
+      end
+      { releases: Memkit::MallocRelease.releases - before, majors: GC.stat(:major_gc_count) - majors }
+    end
+    assert_equal result[:majors], result[:releases], result.inspect
+  end
+
+  # Ruby runs every pending finalizer at exit, again and again while new
+  # ones appear: the chain stops there, and the process exits.
+  def test_a_process_that_started_it_exits
+    skip "no malloc_trim in this process" unless Memkit::Libc.malloc_trim?
+
+    code = 'require "memkit"; Memkit::MallocRelease.start; 3.times { GC.start }; puts Memkit::MallocRelease.releases'
+    Open3.popen2e(RbConfig.ruby, "-I#{ROOT}/lib", "-e", code) do |stdin, out, wait|
+      stdin.close
+      unless wait.join(30)
+        Process.kill(:KILL, wait.pid)
+        flunk "the process did not exit in 30 s"
+      end
+      output = out.read
+      assert_predicate wait.value, :success?, output
+      assert_match(/\A\d+\n\z/, output)
+    end
+  end
+
+  def test_start_says_false_where_glibc_has_no_malloc_trim
+    Memkit::Libc.stub(:malloc_trim?, false) do
+      refute Memkit::MallocRelease.start
+    end
+  end
+
+  def test_warmup_starts_it_unless_told_not_to
+    assert_raises(Memkit::InvalidArgument) { Memkit.warmup(malloc_release: :yes) }
+    skip "no malloc_trim in this process" unless Memkit::Libc.malloc_trim?
+
+    started = in_child do
+      Memkit.warmup(malloc_release: false, force: true)
+      off = Memkit::MallocRelease.started?
+      report = Memkit.warmup(force: true)
+      [off, Memkit::MallocRelease.started?, report.steps.include?(:malloc_release)]
+    end
+    assert_equal [false, true, true], started
+  end
+
+  private
+
+  def child_after_garbage(start:)
+    in_child do
+      Memkit::MallocRelease.start if start
+      in_child do
+        GC.start
+        sleep 0.01
+        bufs = Array.new(60_000) { |i| "x" * (600 + (i % 800)) }
+        kept = Array.new(3_000) { |i| bufs[i * 20] }
+        bufs = nil
+        high = Memkit.rss
+        GC.start
+        sleep 0.01 # Ruby runs finalizers at its next interrupt check
+        { releases: Memkit::MallocRelease.releases, dropped: high - Memkit.rss, kept: kept.size }
+      end
+    end
+  end
+
+  # Runs the block in a forked child and returns its Marshal'd result.
+  def in_child
+    r, w = IO.pipe
+    pid = fork do
+      r.close
+      w.write(Marshal.dump(yield))
+      w.close
+      exit!(0)
+    end
+    w.close
+    data = Timeout.timeout(60) { r.read }
+    Process.wait(pid)
+    Marshal.load(data) # rubocop:disable Security/MarshalLoad -- our own child's result
+  ensure
+    r&.close
+  end
+end
