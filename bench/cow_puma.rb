@@ -9,10 +9,12 @@
 #   fork    require "memkit/fork"
 #   process_warmup  before_fork { Process.warmup } (Ruby 3.3+, the anchor)
 #   app     before_fork { Memkit.warmup(app: CowApp, requests: 8 x "/") }
+#   +norelease  with any Memkit.warmup mode: malloc_release: false
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
 require "memkit"
 
 mode = ENV.fetch("COW_MEMKIT", "none").split("+")
+release = !mode.include?("norelease") # "+norelease": Memkit.warmup(malloc_release: false)
 workers Integer(ENV.fetch("COW_WORKERS", "4"))
 threads 1, 1
 bind "tcp://127.0.0.1:#{ENV.fetch('COW_PORT', '9292')}"
@@ -22,12 +24,12 @@ worker_timeout 300
 require "memkit/fork" if mode.include?("fork")
 require "nakayoshi_fork" if mode.include?("nakayoshi") # the anchor gem: minor GCs before every fork
 plugin :memkit if mode.include?("plugin")
-before_fork { Memkit.warmup } if mode.include?("hook")
-before_fork { Memkit.warmup(fill: false) } if mode.include?("nofill")
-before_fork { Memkit.warmup(fill: true) } if mode.include?("fill")
-before_fork { Memkit.warmup(fill: :malloc) } if mode.include?("mfill")
+before_fork { Memkit.warmup(malloc_release: release) } if mode.include?("hook")
+before_fork { Memkit.warmup(fill: false, malloc_release: release) } if mode.include?("nofill")
+before_fork { Memkit.warmup(fill: true, malloc_release: release) } if mode.include?("fill")
+before_fork { Memkit.warmup(fill: :malloc, malloc_release: release) } if mode.include?("mfill")
 before_fork { Process.warmup } if mode.include?("process_warmup")
-before_fork { Memkit.warmup(app: CowApp, requests: Array.new(8) { "/" }) } if mode.include?("app")
+before_fork { Memkit.warmup(app: CowApp, requests: Array.new(8) { "/" }, malloc_release: release) } if mode.include?("app")
 if mode.include?("puma_old") # what Puma's nakayoshi_fork option did before it was removed
   before_fork do
     4.times { GC.start(full_mark: false) }

@@ -105,6 +105,28 @@ module CowServers
     counts
   end
 
+  SAMPLE_EVERY = 2
+
+  # The tree's total PSS while the block runs (what the server costs while
+  # it serves, between its GCs, rather than right after a full GC): the mean
+  # of readings every SAMPLE_EVERY seconds over the second half of the run,
+  # after the workers' warm-up. nil if the block ran too briefly.
+  def sample_tree(server)
+    samples = []
+    sampler = Thread.new do
+      loop do
+        sleep SAMPLE_EVERY
+        samples << Memkit::Tree.read(server.pid).total_pss
+      rescue Memkit::Error
+        nil # a process exited mid-read: skip that reading
+      end
+    end
+    yield
+    sampler.kill.join
+    late = samples.drop(samples.size / 2)
+    late.empty? ? nil : late.sum / late.size
+  end
+
   # /gc holds its worker for `hold` seconds after its GC, so concurrent
   # calls land on distinct workers; repeats until every worker has run one.
   def gc_all(server, hold: 1.0, timeout: 120, trim: false)
@@ -235,7 +257,7 @@ module CowServers
         opts[:repeat].times do
           server = start(name, mode, scale: opts[:scale], requests: opts[:requests])
           begin
-            drive(server, opts[:requests])
+            load = sample_tree(server) { drive(server, opts[:requests]) }
             gc_all(server)
             m = measure(server)
             if opts[:pages]
@@ -264,13 +286,14 @@ module CowServers
             end
             shared = m[:workers].map { |w| w[:shared_pct] }
             smem = m[:workers].map { |w| w[:smem_shared_pct] }.compact
-            rows << { server: name, mode: mode, tree: m[:tree_pss],
-                      cells: [name, mode, mb(m[:tree_pss]), mb(m[:master_pss]), mb(m[:worker_uss].sum / m[:worker_uss].size),
+            rows << { server: name, mode: mode, tree: m[:tree_pss], load: load,
+                      cells: [name, mode, mb(m[:tree_pss]), load ? mb(load) : "-", mb(m[:master_pss]), mb(m[:worker_uss].sum / m[:worker_uss].size),
                               mb(m[:worker_uss].max), mb(m[:master_rss]), format("%.1f", shared.sum / shared.size),
                               smem.empty? ? "-" : format("%.1f", smem.min)] }
             # One line per boot as it ends, so a run cut short still shows what it measured.
-            puts format("%s %s: tree %s, master pss %s, worker uss %s (max %s)", name, mode, mb(m[:tree_pss]),
-                        mb(m[:master_pss]), mb(m[:worker_uss].sum / m[:worker_uss].size), mb(m[:worker_uss].max))
+            puts format("%s %s: tree %s (under load %s), master pss %s, worker uss %s (max %s)", name, mode,
+                        mb(m[:tree_pss]), load ? mb(load) : "-", mb(m[:master_pss]),
+                        mb(m[:worker_uss].sum / m[:worker_uss].size), mb(m[:worker_uss].max))
             $stdout.flush
           ensure
             stop(server)
@@ -278,10 +301,13 @@ module CowServers
         end
       end
     end
-    puts Memkit::CLI.table(%w[server mode tree_pss master_pss worker_uss max_uss master_rss mean_shared% smem_min_shared%],
+    puts Memkit::CLI.table(%w[server mode tree_pss tree_load master_pss worker_uss max_uss master_rss mean_shared% smem_min_shared%],
                            rows.map { |r| r[:cells] }, left: [0, 1])
     rows.group_by { |r| r[:server] }.each do |server, list|
-      mean = ->(mode) { (t = list.select { |r| r[:mode] == mode }.map { |r| r[:tree] }).empty? ? nil : t.sum.fdiv(t.size) }
+      mean = lambda do |mode, key = :tree|
+        t = list.select { |r| r[:mode] == mode }.filter_map { |r| r[key] }
+        t.empty? ? nil : t.sum.fdiv(t.size)
+      end
       plain = mean.call("none")
       anchors = %w[nakayoshi process_warmup puma_old].filter_map { |a| (v = mean.call(a)) && [a, v] }
       best = anchors.min_by(&:last)
@@ -289,10 +315,15 @@ module CowServers
         line = format("%-8s %-16s tree %s", server, mode, mb(mean.call(mode)))
         line << format("  %.2fx plain", mean.call(mode) / plain) if plain
         line << format("  %.2fx best anchor (%s)", mean.call(mode) / best[1], best[0]) if best
+        load = mean.call(mode, :load)
+        best_load = best && mean.call(best[0], :load)
+        line << format("; under load %s", mb(load)) if load
+        line << format("  %.2fx best anchor", load / best_load) if load && best_load
         puts line
       end
     end
     puts "tree_pss = total PSS of master + workers after the requests and a full GC in each worker (what the server costs)"
+    puts "tree_load = the tree's total PSS while serving: mean of readings every #{SAMPLE_EVERY} s over the second half of the requests"
     puts "worker_uss = a worker's private memory (mean and max); master_pss = the master's share of the tree"
     puts "shared% = pages each worker maps on the same physical frame as its master / master rss (memkit, pagemap)"
     puts "smem shared% = (worker rss - worker uss) / master rss"

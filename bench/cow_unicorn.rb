@@ -8,10 +8,12 @@
 #   mfill  before_fork { Memkit.warmup(fill: :malloc) }   fork  require "memkit/fork"
 #   process_warmup  before_fork { Process.warmup } (Ruby 3.3+, the anchor)
 #   app   before_fork { Memkit.warmup(app: CowApp, requests: 8 x "/") }
+#   +norelease  with any Memkit.warmup mode: malloc_release: false
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
 require "memkit"
 
 mode = ENV.fetch("COW_MEMKIT", "none").split("+")
+release = !mode.include?("norelease") # "+norelease": Memkit.warmup(malloc_release: false)
 worker_processes Integer(ENV.fetch("COW_WORKERS", "4"))
 listen "127.0.0.1:#{ENV.fetch('COW_PORT', '8080')}"
 preload_app true
@@ -26,14 +28,14 @@ before_fork do |_server, _worker|
   elsif mode.include?("process_warmup")
     Process.warmup # the anchor on Ruby 3.3+
   elsif mode.include?("mfill")
-    Memkit.warmup(fill: :malloc)
+    Memkit.warmup(fill: :malloc, malloc_release: release)
   elsif mode.include?("fill")
-    Memkit.warmup(fill: true)
+    Memkit.warmup(fill: true, malloc_release: release)
   elsif mode.include?("nofill")
-    Memkit.warmup(fill: false)
+    Memkit.warmup(fill: false, malloc_release: release)
   elsif mode.include?("app")
-    Memkit.warmup(app: CowApp, requests: Array.new(8) { "/" }) # app warm-up, then the heap steps
+    Memkit.warmup(app: CowApp, requests: Array.new(8) { "/" }, malloc_release: release) # app warm-up, then the heap steps
   elsif mode.include?("hook")
-    Memkit.warmup
+    Memkit.warmup(malloc_release: release)
   end
 end

@@ -7,7 +7,7 @@ module BenchRails
 
     def parse(spec)
       name, *flags = spec.split("+")
-      unknown = flags - %w[fill nofill mfill refork count]
+      unknown = flags - %w[fill nofill mfill refork count norelease]
       raise ArgumentError, "unknown COW_MEMKIT flag #{unknown.first.inspect} in #{spec.inspect}" if unknown.any?
 
       # refork: Puma's fork_worker, reforked when memkit's policy says so
@@ -18,7 +18,8 @@ module BenchRails
              elsif flags.include?("fill") then true
              elsif flags.include?("nofill") then false
              end
-      { name: name, fill: fill, refork: refork }
+      # norelease: Memkit.warmup(malloc_release: false)
+      { name: name, fill: fill, refork: refork, release: !flags.include?("norelease") }
     end
 
     def at_config(mode)
@@ -34,6 +35,7 @@ module BenchRails
     def before_fork(mode)
       Memkit::Railtie.disconnect_database # the database rule, whatever the mode
       options = mode[:fill].nil? ? {} : { fill: mode[:fill] }
+      options[:malloc_release] = false unless mode[:release]
       case mode[:name]
       when "process_warmup" then Process.warmup
       when "memkit"
