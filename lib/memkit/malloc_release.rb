@@ -28,6 +28,7 @@ module Memkit
   # jemalloc preloaded: Libc.malloc_trim? false), start does nothing.
   module MallocRelease
     @started = false
+    @armed = false # a watched object is waiting for a GC
     @majors = 0
     @releases = 0
     @lock = Mutex.new
@@ -45,13 +46,13 @@ module Memkit
             # Ruby runs every pending finalizer at exit, and repeats while
             # new ones appear: the chain must stop before then.
             at_exit { @started = false }
-            arm
+            arm unless @armed
           end
         end
         true
       end
 
-      # Stops at the next GC.
+      # Stops at the next GC (a start before then goes on with the same chain).
       def stop
         @started = false
       end
@@ -67,6 +68,7 @@ module Memkit
 
       # Run by the finalizer after a GC.
       def gc_ran
+        @armed = false
         return unless @started
 
         arm
@@ -82,6 +84,7 @@ module Memkit
       private
 
       def arm
+        @armed = true
         ObjectSpace.define_finalizer(Object.new, FINALIZER)
       end
 

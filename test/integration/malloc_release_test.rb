@@ -67,6 +67,7 @@ class MallocReleaseTest < Minitest::Test
     skip "no malloc_trim in this process" unless Memkit::Libc.malloc_trim?
 
     started = in_child do
+      Memkit::MallocRelease.stop
       Memkit.warmup(malloc_release: false, force: true)
       off = Memkit::MallocRelease.started?
       report = Memkit.warmup(force: true)
@@ -79,7 +80,8 @@ class MallocReleaseTest < Minitest::Test
 
   def child_after_garbage(start:)
     in_child do
-      Memkit::MallocRelease.start if start
+      # This process may have started it already (Memkit.warmup in other tests).
+      start ? Memkit::MallocRelease.start : Memkit::MallocRelease.stop
       in_child do
         GC.start
         sleep 0.01
