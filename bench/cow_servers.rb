@@ -257,7 +257,10 @@ module CowServers
         opts[:repeat].times do
           server = start(name, mode, scale: opts[:scale], requests: opts[:requests])
           begin
-            load = sample_tree(server) { drive(server, opts[:requests]) }
+            started = now
+            counts = nil
+            load = sample_tree(server) { counts = drive(server, opts[:requests]) }
+            rate = counts.values.sum / (now - started)
             gc_all(server)
             m = measure(server)
             if opts[:pages]
@@ -291,9 +294,9 @@ module CowServers
                               mb(m[:worker_uss].max), mb(m[:master_rss]), format("%.1f", shared.sum / shared.size),
                               smem.empty? ? "-" : format("%.1f", smem.min)] }
             # One line per boot as it ends, so a run cut short still shows what it measured.
-            puts format("%s %s: tree %s (under load %s), master pss %s, worker uss %s (max %s)", name, mode,
+            puts format("%s %s: tree %s (under load %s), master pss %s, worker uss %s (max %s), %.0f req/s", name, mode,
                         mb(m[:tree_pss]), load ? mb(load) : "-", mb(m[:master_pss]),
-                        mb(m[:worker_uss].sum / m[:worker_uss].size), mb(m[:worker_uss].max))
+                        mb(m[:worker_uss].sum / m[:worker_uss].size), mb(m[:worker_uss].max), rate)
             $stdout.flush
           ensure
             stop(server)
