@@ -29,6 +29,7 @@ module Memkit
   module MallocRelease
     @started = false
     @armed = false # a watched object is waiting for a GC
+    @at_exit = false
     @majors = 0
     @releases = 0
     @lock = Mutex.new
@@ -45,7 +46,8 @@ module Memkit
             @majors = GC.stat(:major_gc_count)
             # Ruby runs every pending finalizer at exit, and repeats while
             # new ones appear: the chain must stop before then.
-            at_exit { @started = false }
+            at_exit { @started = false } unless @at_exit
+            @at_exit = true
             arm unless @armed
           end
         end
