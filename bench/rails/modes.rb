@@ -7,7 +7,7 @@ module BenchRails
 
     def parse(spec)
       name, *flags = spec.split("+")
-      unknown = flags - %w[fill nofill mfill refork count norelease]
+      unknown = flags - %w[fill nofill mfill refork count norelease nopreload]
       raise ArgumentError, "unknown COW_MEMKIT flag #{unknown.first.inspect} in #{spec.inspect}" if unknown.any?
 
       # refork: Puma's fork_worker, reforked when memkit's policy says so
@@ -18,8 +18,11 @@ module BenchRails
              elsif flags.include?("fill") then true
              elsif flags.include?("nofill") then false
              end
-      # norelease: Memkit.warmup(malloc_release: false)
-      { name: name, fill: fill, refork: refork, release: !flags.include?("norelease") }
+      # norelease: Memkit.warmup(malloc_release: false); nopreload: Puma
+      # without preload_app!, as Puma documents fork_worker (worker 0 loads
+      # the app, the master never does)
+      { name: name, fill: fill, refork: refork, release: !flags.include?("norelease"),
+        preload: !flags.include?("nopreload") }
     end
 
     def at_config(mode)

@@ -5,6 +5,7 @@
 #   MODE+count   fork_worker 1000, Puma's default: one refork when worker 0 has served 1000
 #   MODE+refork  fork_worker 0 and memkit's policy (Memkit::Refork::PumaWatcher, the
 #                watcher `plugin :memkit` starts) sends Puma's refork signal
+#   MODE+...+nopreload  no preload_app!: worker 0 loads the app (Puma's fork_worker docs)
 # Worker 0 runs the mode's preparation again before each refork.
 require_relative "modes"
 
@@ -12,13 +13,15 @@ mode = BenchRails::Modes.parse(ENV.fetch("COW_MEMKIT", "plain"))
 workers Integer(ENV.fetch("COW_WORKERS", "4"))
 threads 1, 1
 bind "tcp://127.0.0.1:#{ENV.fetch('COW_PORT', '9292')}"
-preload_app!
+preload_app! if mode[:preload]
 rackup File.expand_path("config.ru", __dir__)
 worker_timeout 300
 BenchRails::Modes.at_config(mode)
 
 before_fork do
-  BenchRails::Modes.before_fork(mode)
+  # Without preload the master holds no app: as `plugin :memkit` does there,
+  # Memkit.warmup prepares its small heap and starts the malloc release.
+  mode[:preload] ? BenchRails::Modes.before_fork(mode) : Memkit.warmup
 end
 
 case mode[:refork]
