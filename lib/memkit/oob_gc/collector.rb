@@ -500,7 +500,10 @@ module Memkit
       # RUBY_GC_* values that would give the worker, from boot, the heap it
       # has now (what the collector chose: grown, or as Ruby sized it), and
       # at least the free slots to hold `cover` requests beside today's live
-      # objects.
+      # objects. Rounded up to a thousand slots: to ten thousand, each small
+      # size pool got up to 10,000 slots more than the worker had, and Ruby
+      # booted with the values a heap 12% larger than the collector's (Rails
+      # bench app, 3.3).
       def boot_env(reading)
         return {} if @profile.empty?
 
@@ -529,7 +532,7 @@ module Memkit
         env
       end
 
-      def round_up(value, unit = 10_000) = ((value + unit - 1) / unit) * unit
+      def round_up(value, unit = 1_000) = ((value + unit - 1) / unit) * unit
 
       # Ruby 3.4+: no major GC of Ruby's own while serving (GC.config is
       # per process; set in each worker at its first unit of work).
