@@ -13,7 +13,7 @@ mode = BenchRails::Modes.parse(ENV.fetch("COW_MEMKIT", "plain"))
 workers Integer(ENV.fetch("COW_WORKERS", "4"))
 threads 1, 1
 bind "tcp://127.0.0.1:#{ENV.fetch('COW_PORT', '9292')}"
-preload_app! if mode[:preload]
+preload_app!(mode[:preload]) # Puma 7+ preloads by default in cluster mode
 rackup File.expand_path("config.ru", __dir__)
 worker_timeout 300
 BenchRails::Modes.at_config(mode)
