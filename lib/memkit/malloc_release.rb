@@ -13,12 +13,14 @@ module Memkit
   # between two GCs. On the app shape, after a full GC, a Ruby 3.3 worker's
   # main arena held 42 MB free of 66 MB, and malloc_trim(0) in each worker
   # took the server tree from 354 to 211 MB (docs/BENCHMARKS.md, "CoW on
-  # the app shape"). Ruby calls malloc_trim only in Process.warmup.
+  # the app shape"; with this running, "malloc release"). Ruby calls
+  # malloc_trim only in Process.warmup.
   #
   # When: after a major GC, once its sweep is done: the point where the most
-  # has just been freed, and rare enough that the trim (a walk of the
-  # arenas, well under a millisecond per 10 MB free) and the page faults
-  # that hand the memory back to the next requests cost little. A minor GC
+  # has just been freed, and rare enough that the trim (about 0.1 ms per MB
+  # given back) and the page faults that hand the memory to the next
+  # requests (about 0.17 ms per MB; bench/malloc_release_cost.rb) cost
+  # little: 0.97x the requests per second on the app shape. A minor GC
   # frees as much garbage, but runs every few requests: trimming there
   # would trade the same pages back and forth.
   #

@@ -500,10 +500,9 @@ module Memkit
       # RUBY_GC_* values that would give the worker, from boot, the heap it
       # has now (what the collector chose: grown, or as Ruby sized it), and
       # at least the free slots to hold `cover` requests beside today's live
-      # objects. Rounded up to a thousand slots: to ten thousand, each small
-      # size pool got up to 10,000 slots more than the worker had, and Ruby
-      # booted with the values a heap 12% larger than the collector's (Rails
-      # bench app, 3.3).
+      # objects. Rounded up to a thousand slots, so that a small size pool's
+      # value stays within that of the heap the worker had (to ten thousand,
+      # a pool of 1,000 slots was advised 10,000).
       def boot_env(reading)
         return {} if @profile.empty?
 
