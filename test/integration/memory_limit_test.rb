@@ -4,6 +4,7 @@ require "test_helper"
 require "support/servers"
 require "support/pitchfork_server"
 require "fileutils"
+require "net/http"
 
 class MemoryLimitTest < Minitest::Test
   include Memkit::ServersHelper
@@ -103,6 +104,52 @@ class MemoryLimitTest < Minitest::Test
 
   def test_unicorn_replaces_bloated_workers_without_failed_requests
     recycle_under(:unicorn)
+  end
+
+  IDLE_APP = <<~'RUBY'
+    require "memkit"
+    use Memkit::MemoryLimit, max_requests: 3, jitter: 0
+    run ->(_env) { [200, { "content-type" => "text/plain" }, [Process.pid.to_s]] }
+  RUBY
+
+  # Signalled mid-request, a Unicorn or Pitchfork worker would wait for a
+  # connection that never comes, up to half its `timeout` (30 s here), before
+  # leaving; MemoryLimit wakes that wait.
+  def test_a_replaced_worker_leaves_an_idle_unicorn_at_once
+    leaves_when_idle(:unicorn)
+  end
+
+  def test_a_replaced_worker_leaves_an_idle_pitchfork_at_once
+    leaves_when_idle(:pitchfork)
+  end
+
+  def leaves_when_idle(kind)
+    skip "needs the pitchfork gem (bundle install)" if kind == :pitchfork && !Gem.try_activate("pitchfork")
+
+    Dir.mktmpdir("memkit-idle") do |dir|
+      server =
+        if kind == :pitchfork
+          Memkit::PitchforkServer.start_pitchfork(IDLE_APP, dir: dir, port: free_port, workers: 1)
+        else
+          start_server(kind, IDLE_APP, dir: dir, port: free_port, workers: 1)
+        end
+      begin
+        pattern = /memkit: worker (\d+) .*asking #{kind} to replace it \(SIGQUIT\)/
+        pid = wait_until(timeout: 30, message: "a replacement under #{kind}") do
+          Net::HTTP.get(URI("http://127.0.0.1:#{server.port}/"))
+          server.log_text[pattern, 1]&.to_i
+        end
+        assert_operator pid, :>, 0
+        # No request from here on.
+        wait_until(timeout: 10, interval: 0.1, message: "worker #{pid} to leave the idle #{kind}") do
+          !File.exist?("/proc/#{pid}") || File.read("/proc/#{pid}/stat")[/\) (\w)/, 1] == "Z"
+        rescue Errno::ENOENT, Errno::ESRCH
+          true
+        end
+      ensure
+        Memkit::ServersHelper.stop_server(server)
+      end
+    end
   end
 
   TREE_APP = <<~'RUBY'

@@ -39,12 +39,8 @@ class PitchforkTest < Minitest::Test
     end
 
     Dir.mktmpdir("memkit-pitchfork") do |dir|
-      # A worker that signals itself mid-request exits only when its wait
-      # for connections wakes: at once under traffic, after timeout / 2 when
-      # idle (Pitchfork's epoll wait), as the last replacement may be once
-      # the clients stop. timeout 20 keeps that within the reaping wait.
-      server = start_pitchfork(APP, dir: dir, port: free_port, timeout: 20, env: { "MAX_USS" => "90MB" },
-                                    check_path: "/ping", extra: HOOKS)
+      server = start_pitchfork(APP, dir: dir, port: free_port, env: { "MAX_USS" => "90MB" }, check_path: "/ping",
+                                    extra: HOOKS)
       begin
         # The mold is the monitor's child that is no worker; the warm-up ran
         # there, once, and not in the monitor or a worker.

@@ -12,13 +12,13 @@ module Memkit
 
     module_function
 
-    def start_pitchfork(app_source, dir:, port:, workers: 2, timeout: 60, env: {}, check_path: "/", extra: "")
+    def start_pitchfork(app_source, dir:, port:, workers: 2, env: {}, check_path: "/", extra: "")
       File.write(File.join(dir, "config.ru"), app_source)
       conf = File.join(dir, "pitchfork.conf.rb")
       File.write(conf, <<~RUBY)
         worker_processes #{workers}
         listen "127.0.0.1:#{port}", backlog: 1024
-        timeout #{timeout}
+        timeout 60
         #{extra}
       RUBY
       log = File.join(dir, "pitchfork.log")
