@@ -74,11 +74,12 @@ class WarmupTest < Minitest::Test
 
   def test_each_step_can_be_turned_off
     report = Memkit.warmup(force: true, process_warmup: false, promote: false, coderange: false,
-                           compact: false, trim: false, fill: false)
+                           compact: false, trim: false, fill: false, malloc_release: false)
     assert_equal [], report.steps
     assert_equal 1, report.gc_runs, "only the final full GC"
 
-    report = Memkit.warmup(force: true, process_warmup: false, compact: false, trim: false, fill: false)
+    report = Memkit.warmup(force: true, process_warmup: false, compact: false, trim: false, fill: false,
+                           malloc_release: false)
     assert_equal %i[promote coderange], report.steps
   end
 
