@@ -402,6 +402,30 @@ class OobGCPolicyTest < Minitest::Test
     assert_nil policy.grow_by_allocation(after_gc, [0, 0, 0], budget: 64 << 20), "nothing short"
   end
 
+  # Recorded on Ruby 3.4, the Rails bench app under Unicorn: the 640-byte
+  # pool held 1,624 slots, 249 of them live, below its 10,000 initial slots.
+  # Ruby wants 20% of the larger of the two free, 2,000 slots, and asked for
+  # a :nofree major every fourth GC; measured against its own size the pool
+  # looked roomy (85% free).
+  def test_no_full_mark_keeps_rubys_free_minimum_of_a_pool_below_its_initial_slots
+    req = profile([5_449, 1_445, 2_726, 213, 48])
+    after_gc = pooled([[309_478, 154_774], [70_378, 28_592], [88_716, 14_921], [6_926, 469], [1_624, 249]])
+    policy = Policy::NoFullMark.new(init_slots: [10_000] * 5)
+    short = policy.growth_shortfall(after_gc, req, cover: 2.1)
+    assert_equal 2_000 + 48 - (1_624 - 249), short[4]
+    assert_equal 0, short[3], "6,457 free: above 2,000"
+    assert policy.grows_freely?(after_gc, 4, short[4]), "below its initial slots: pages with no GC"
+    refute policy.grows_freely?(after_gc, 4, 9_000)
+    refute policy.grows_freely?(after_gc, 0, 1)
+
+    # Booted with RUBY_GC_HEAP_4_INIT_SLOTS below its size, the pool's own size counts.
+    small = Policy::NoFullMark.new(init_slots: Policy::NoFullMark.init_slots({ "RUBY_GC_HEAP_4_INIT_SLOTS" => "1000" }))
+    assert_equal 0, small.growth_shortfall(after_gc, req, cover: 2.1)[4]
+    assert_equal [10_000, 10_000, 10_000, 10_000, 1_000],
+                 Policy::NoFullMark.init_slots({ "RUBY_GC_HEAP_4_INIT_SLOTS" => "1000",
+                                                 "RUBY_GC_HEAP_0_INIT_SLOTS" => "junk" }, pools: 5)
+  end
+
   # Running a pool dry right after a GC, Ruby grows it by 1 / (1 - 0.4)
   # (its free goal; the growth factor 1.8 caps it): two thirds of its bytes.
   def test_no_full_mark_growth_step_is_two_thirds_of_the_pool

@@ -336,7 +336,7 @@ module Memkit
         if @no_full_mark
           count_dried
           # Grown by the next minor GC due instead (#run_dry): no GC of its own.
-          short = @policy.growth_shortfall(reading, @profile, cover: @cover, want: @want)
+          short = grow_freely(reading, @policy.growth_shortfall(reading, @profile, cover: @cover, want: @want))
           # One growth at a time: what the last one added is known only once
           # a GC has run since (the pages come as requests allocate).
           settled = @dried_at.nil? || GC.count > @dried_at
@@ -383,6 +383,26 @@ module Memkit
           need.positive? ? f.fdiv(need) : Float::INFINITY
         end
         held.each_index.sort_by { |i| [held[i], i] }
+      end
+
+      # A pool below its initial slots takes new pages with no GC (Ruby
+      # 3.4): filling its free slots and `slots` more with objects dropped at
+      # once adds those slots as pages, which the next GC frees for good use.
+      # Returns `short` less the pools grown so.
+      def grow_freely(reading, short)
+        short.each_with_index.map do |slots, i|
+          next slots unless slots.positive? && @policy.grows_freely?(reading, i, slots)
+
+          h = GC.stat_heap(i)
+          next slots if slots * h.fetch(:slot_size) > @growth.budget
+
+          @dry_base ||= HeapGrowth.eden_bytes
+          free = h.fetch(:heap_eden_slots) - (h.fetch(:total_allocated_objects) - h.fetch(:total_freed_objects))
+          length = HeapGrowth.filler_length(i)
+          Array.new([free, 0].max + slots) { Array.new(length) }
+          Counters.grew(0)
+          0
+        end
       end
 
       # Runs the GC due for malloc'd bytes as Ruby's own: mallocs (without

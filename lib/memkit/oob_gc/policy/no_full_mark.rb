@@ -15,9 +15,23 @@ module Memkit
       # and says so. Growth with no major asked for is Ruby's own sizing (a
       # worker's heap grows during its first requests): not the valve's case.
       class NoFullMark < SizePools
-        def initialize(valve_ratio: 2.0, **options)
+        # Ruby's initial slots per pool (GC_HEAP_INIT_SLOTS in gc/default.c),
+        # unless RUBY_GC_HEAP_<n>_INIT_SLOTS was set at boot. Below it, a pool
+        # takes new pages as allocation needs them, with no GC; and Ruby's
+        # sweep asks the pool to keep 20% of the larger of the two free.
+        INIT_SLOTS = 10_000
+
+        # The initial slots per pool this process booted with.
+        def self.init_slots(env = ENV, pools: GC::INTERNAL_CONSTANTS.fetch(:HEAP_COUNT, 5))
+          Array.new(pools) do |i|
+            Integer(env.fetch("RUBY_GC_HEAP_#{i}_INIT_SLOTS", INIT_SLOTS), exception: false) || INIT_SLOTS
+          end
+        end
+
+        def initialize(valve_ratio: 2.0, init_slots: self.class.init_slots, **options)
           super(**options)
           @valve_ratio = valve_ratio.to_f
+          @init_slots = init_slots
           @baseline = nil
         end
 
@@ -106,9 +120,15 @@ module Memkit
             need = objects.fetch(i, 0)
             next short[i] unless need.positive?
 
-            floor = (h.fetch(:heap_eden_slots) * @min_free_ratio).ceil + need - free[i]
+            floor = (slots_for_free_minimum(h, i) * @min_free_ratio).ceil + need - free[i]
             [short[i], floor].max
           end
+        end
+
+        # Whether pool `index` takes `slots` more as pages with no GC (it
+        # stays at most at its initial slots): grown by allocating there.
+        def grows_freely?(reading, index, slots)
+          reading.fetch(:heaps).fetch(index).fetch(:heap_eden_slots) + slots <= @init_slots.fetch(index, INIT_SLOTS)
         end
 
         def valve?(reading)
@@ -119,6 +139,14 @@ module Memkit
         private
 
         def available(reading) = reading.fetch(:stat).fetch(:heap_available_slots)
+
+        # A pool smaller than its initial slots must keep 20% of those free
+        # (gc_sweep_finish_heap), or it asks for a `:nofree` major at the
+        # third minor after each major: on the Rails bench app, the 640-byte
+        # pool (1,624 slots, 85% of them free) asked every fourth GC.
+        def slots_for_free_minimum(heap, index)
+          [heap.fetch(:heap_eden_slots), @init_slots.fetch(index, INIT_SLOTS)].max
+        end
       end
     end
   end
