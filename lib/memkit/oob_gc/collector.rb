@@ -386,8 +386,9 @@ module Memkit
       end
 
       # A pool below its initial slots takes new pages with no GC (Ruby
-      # 3.4): filling its free slots and `slots` more with objects dropped at
-      # once adds those slots as pages, which the next GC frees for good use.
+      # 3.4): filling its free slots and `slots` more, with objects dropped
+      # at once, adds `slots` slots of pages. The next GC frees the objects;
+      # the pool keeps the pages (Ruby frees none below its initial slots).
       # Returns `short` less the pools grown so.
       def grow_freely(reading, short)
         short.each_with_index.map do |slots, i|
