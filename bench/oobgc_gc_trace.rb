@@ -6,7 +6,10 @@
 # Memkit::OobGC runs more GCs than Ruby alone on a shape of
 # bench/oobgc_shapes.rb.
 #
-#   OOBGC_ROWS=300 OOBGC_MALLOC_KB=8192 ruby -Ilib bench/oobgc_gc_trace.rb memkit|none [requests] [shown]
+#   OOBGC_ROWS=300 OOBGC_MALLOC_KB=8192 ruby -Ilib bench/oobgc_gc_trace.rb memkit|hook|none [requests] [shown]
+#
+# hook: memkit with Puma's out_of_band hook (`plugin :memkit`) called after
+# every request, as Puma does when no other request is waiting.
 #
 # In a chroot, pass the shape through env: script/ruby34 env OOBGC_ROWS=... ruby ...
 require "memkit"
@@ -16,7 +19,7 @@ mode = ARGV.fetch(0)
 requests = Integer(ARGV.fetch(1, "600"))
 shown = Integer(ARGV.fetch(2, "12"))
 app = ->(_env) { [200, {}, [OobgcBench.render]] }
-app = Memkit::OobGC.new(app) if mode == "memkit"
+app = Memkit::OobGC.new(app) unless mode == "none"
 GC.start
 
 def why = GC.latest_gc_info.slice(:gc_by, :major_by)
@@ -32,6 +35,7 @@ tally = Hash.new(0)
   inside_why = why if inside.positive?
   before = GC.count
   env["rack.after_reply"].each(&:call)
+  Memkit::OobGC.out_of_band if mode == "hook"
   after = GC.count - before
   next if i < 100 || (inside + after).zero?
 
