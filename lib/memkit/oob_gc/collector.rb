@@ -202,7 +202,7 @@ module Memkit
         reading = self.class.reading
         @policy.observe(reading)
         due = @policy.decide(reading, @profile, headroom: @hook_headroom)
-        due && !gave_up?(reading) ? run(due, reading) : 0
+        due && !gave_up?(reading) ? run(due, reading, headroom: @hook_headroom) : 0
       end
 
       private
@@ -278,17 +278,18 @@ module Memkit
                            stat.fetch(:oldmalloc_increase_bytes_limit) - stat.fetch(:oldmalloc_increase_bytes))
       end
 
-      # Returns how many GCs it ran.
-      def run(kind, reading)
+      # Returns how many GCs it ran. `headroom`: the one #decide found the
+      # GC due at (the hook's is larger: there a GC runs a request early).
+      def run(kind, reading, headroom: @policy.headroom)
         runs = 1
         @rss_top = HeapGrowth.rss if !@no_full_mark && (@growth.budget.positive? || @rss_top)
         lazy = @policy.sweep_lazily?(reading, @profile)
-        collect(kind, reading, lazy)
+        collect(kind, reading, lazy, headroom)
         after = self.class.reading
         # A minor GC that leaves less than the minimum free share of the heap
         # makes Ruby's next GC a major one: better now than in the next request.
         if kind == :minor && (@policy.major_next?(after) || @policy.major_due?(after, @profile))
-          collect(:major, after, lazy)
+          collect(:major, after, lazy, headroom)
           runs += 1
           after = self.class.reading
         end
@@ -300,13 +301,14 @@ module Memkit
         runs
       end
 
-      def collect(kind, reading, lazy)
+      def collect(kind, reading, lazy, headroom)
         @policy.collecting(reading, kind)
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         majors = GC.stat(:major_gc_count)
         pool = growing_pool if kind == :minor
         ran = pool && run_dry(pool, reading)
-        ran ||= kind == :minor && lazy && @policy.malloc_due?(reading, @profile) && overrun_malloc(reading)
+        ran ||= kind == :minor && lazy && @policy.malloc_due?(reading, @profile, headroom: headroom) &&
+                overrun_malloc(reading)
         GC.start(full_mark: kind == :major, immediate_sweep: !lazy) unless ran
         # A GC Ruby started (#run_dry, #overrun_malloc) is a major if Ruby had
         # one pending that the reading did not show (Ruby 3.1 does not say).
