@@ -6,7 +6,7 @@
 module MajorsProbe
   COUNTS = Hash.new(0)
   DIR = ENV.fetch("OOBGC_MAJORS_DIR", Dir.pwd)
-  def collect(kind, reading, lazy)
+  def collect(kind, reading, *)
     need = reading.fetch(:info)[:need_major_by]
     stat = reading.fetch(:stat)
     om = stat[:oldmalloc_increase_bytes].to_i > stat[:oldmalloc_increase_bytes_limit].to_i

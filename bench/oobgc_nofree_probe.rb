@@ -10,7 +10,7 @@ module NofreeProbe
   DIR = ENV.fetch("OOBGC_MAJORS_DIR", Dir.pwd)
   POOLS = GC::INTERNAL_CONSTANTS.fetch(:HEAP_COUNT, 5)
 
-  def collect(kind, reading, lazy)
+  def collect(kind, reading, *)
     super
     return if GC.count < 60 || LOG.size >= 40
 
@@ -21,7 +21,7 @@ module NofreeProbe
       format("%d:%d/%d(%.0f%%,f%d)", i, live, h[:heap_eden_slots],
              100.0 * (h[:heap_eden_slots] - live) / h[:heap_eden_slots], h[:force_major_gc_count])
     end
-    LOG << "gc=#{GC.count} #{kind} lazy=#{lazy} need=#{GC.latest_gc_info(:need_major_by).inspect} " \
+    LOG << "gc=#{GC.count} #{kind} need=#{GC.latest_gc_info(:need_major_by).inspect} " \
            "alloc=#{GC.stat(:heap_allocatable_slots)} #{pools.join(' ')}"
     File.write(File.join(DIR, "nofree.#{Process.pid}.txt"), "#{LOG.join("\n")}\n")
   end

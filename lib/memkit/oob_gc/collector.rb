@@ -396,13 +396,12 @@ module Memkit
         short.each_with_index.map do |slots, i|
           next slots unless slots.positive? && @policy.grows_freely?(reading, i, slots)
 
-          h = GC.stat_heap(i)
+          h = reading.fetch(:heaps).fetch(i)
           next slots if slots * h.fetch(:slot_size) > @growth.budget
 
           @dry_base ||= HeapGrowth.eden_bytes
           free = h.fetch(:heap_eden_slots) - (h.fetch(:total_allocated_objects) - h.fetch(:total_freed_objects))
-          length = HeapGrowth.filler_length(i)
-          Array.new([free, 0].max + slots) { Array.new(length) }
+          Array.new([free, 0].max + slots) { Array.new(HeapGrowth.filler_length(i)) }
           Counters.grew(0)
           0
         end

@@ -128,7 +128,7 @@ module Memkit
         # Whether pool `index` takes `slots` more as pages with no GC (it
         # stays at most at its initial slots): grown by allocating there.
         def grows_freely?(reading, index, slots)
-          reading.fetch(:heaps).fetch(index).fetch(:heap_eden_slots) + slots <= @init_slots.fetch(index, INIT_SLOTS)
+          reading.fetch(:heaps).fetch(index).fetch(:heap_eden_slots) + slots <= init_slots(index)
         end
 
         def valve?(reading)
@@ -144,9 +144,9 @@ module Memkit
         # (gc_sweep_finish_heap), or it asks for a `:nofree` major at the
         # third minor after each major: on the Rails bench app, the 640-byte
         # pool (1,624 slots, 85% of them free) asked every fourth GC.
-        def slots_for_free_minimum(heap, index)
-          [heap.fetch(:heap_eden_slots), @init_slots.fetch(index, INIT_SLOTS)].max
-        end
+        def slots_for_free_minimum(heap, index) = [heap.fetch(:heap_eden_slots), init_slots(index)].max
+
+        def init_slots(index) = @init_slots.fetch(index, INIT_SLOTS)
       end
     end
   end
