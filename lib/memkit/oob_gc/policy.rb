@@ -37,7 +37,7 @@ module Memkit
         end
       end
 
-      attr_reader :headroom
+      attr_reader :headroom, :malloc_limit_max
 
       def initialize(headroom: 1.1, min_free_ratio: MIN_FREE_RATIO,
                      malloc_limit_max: Integer(ENV.fetch("RUBY_GC_MALLOC_LIMIT_MAX", MALLOC_LIMIT_MAX),
@@ -220,10 +220,14 @@ module Memkit
         free(reading).each_with_index.any? { |f, i| f < profile.objects.fetch(i, 0) }
       end
 
-      # After a minor GC: whether Ruby has made the next GC a major one
-      # (Ruby 3.1 does not say so for oldmalloc: #collecting saw it).
+      # After a minor GC: whether Ruby has made the next GC a major one.
+      # Ruby 3.3+ says so (need_major_by); 3.1 does not for oldmalloc, and
+      # #collecting saw it coming.
       def major_next?(reading)
-        !reading.fetch(:info)[:need_major_by].nil? || @oldmalloc_over == true
+        info = reading.fetch(:info)
+        return !info[:need_major_by].nil? if info.key?(:need_major_by)
+
+        @oldmalloc_over == true
       end
 
       # After a minor GC: whether a major is pending (#major_pending?) and
@@ -275,7 +279,9 @@ module Memkit
       def minor_would_fill?(_reading) = false
 
       # Told the heap as it stands just before this process collects (kind:
-      # :minor or :major).
+      # :minor or :major), with the last GC's sweep finished: Ruby finishes
+      # it before the next GC and only then compares oldmalloc with its
+      # limit, and the sweep's frees lower oldmalloc.
       def collecting(reading, kind = :minor)
         @oldmalloc_over = kind == :minor && oldmalloc_over?(reading)
       end
