@@ -24,11 +24,12 @@ module Memkit
     # Several collectors in one process share the process's counters; a GC
     # runs only when no unit is in flight in any of them.
     class Collector
-      # Requests a collected heap is sized to hold (where max_heap_growth, the
-      # RSS bound and Ruby's free-share limit allow). Collecting before
-      # request N where Ruby would collect inside it runs up to (N + 1) / N
-      # times Ruby's GCs: 1.1x at 10.
-      COVER = 10
+      # GC runs per request, against Ruby alone at the same heap, that the
+      # heap is sized for.
+      GC_RATIO = 1.1
+      # Requests apart that GCs must come for one request early to stay
+      # within GC_RATIO: (N + 1) / N = 1.1 at N = 10.
+      COVER = (1 / (GC_RATIO - 1)).round
       # The heap growth's bound besides max_heap_growth: the worker's RSS at
       # the top of a GC cycle may grow by this share of what it was before any
       # growth (see RssBudget), so that a sized worker stays within 1.3x the
@@ -117,7 +118,14 @@ module Memkit
         @regrow_wait = regrow_after # doubled after each growth Ruby refused
         @log = log
         @cover = headroom + 1 # after a GC: the next request, and one more
-        @want = [@cover, COVER].max
+        # Requests a collected heap is sized to hold (where max_heap_growth,
+        # the RSS bound and Ruby's free-share limit allow): the collector runs
+        # a GC once fewer than `headroom` of them are left, where Ruby would
+        # run it once none are, so with F left after a GC it runs
+        # F / (F - headroom) times Ruby's GCs: within GC_RATIO from F =
+        # headroom * GC_RATIO / (GC_RATIO - 1), 12.1 at the default headroom.
+        # Sized for 10, the Rails bench app ran 1.11-1.13x Ruby's GCs.
+        @want = [@cover, (headroom * GC_RATIO / (GC_RATIO - 1)).ceil].max
         @hook_headroom = headroom + 1
         @seen = 0 # units of work finished
         @cycle = [nil, 0] # GC.count, and @seen when it was last seen to change
@@ -519,19 +527,20 @@ module Memkit
       end
 
       # Has pool `index` take up to `slots` slots of the pages Ruby now
-      # allows (heap_allocatable_slots), at once: its free slots and those,
-      # filled with objects dropped at once, which the next GC frees while
-      # the pool keeps the pages. Left to the requests, the pages came only
+      # allows (heap_allocatable_slots) within the growth budget, at once:
+      # its free slots and those, filled with objects dropped at once, which
+      # the next GC frees while the pool keeps the pages. Left to the requests, the pages came only
       # once a request had used the pool's free slots, and the next GC
       # started by GC.start took the allowance back first: on the "malloc"
       # shape (8 MB malloc'd per request, GC due every two or three of
       # them) the pool never grew and asked for a `:nofree` major every
       # fourth request.
       def take_pages(index, reading, slots)
-        allowed = [slots, reading.fetch(:stat).fetch(:heap_allocatable_slots, 0)].min
+        h = reading.fetch(:heaps).fetch(index)
+        allowed = [slots, reading.fetch(:stat).fetch(:heap_allocatable_slots, 0),
+                   @growth.budget / h.fetch(:slot_size)].min
         return unless allowed.positive?
 
-        h = reading.fetch(:heaps).fetch(index)
         free = h.fetch(:heap_eden_slots) - (h.fetch(:total_allocated_objects) - h.fetch(:total_freed_objects))
         Array.new([free, 0].max + allowed) { Array.new(HeapGrowth.filler_length(index)) }
         nil
