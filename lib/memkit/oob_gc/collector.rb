@@ -124,7 +124,6 @@ module Memkit
         # run it once none are, so with F left after a GC it runs
         # F / (F - headroom) times Ruby's GCs: within GC_RATIO from F =
         # headroom * GC_RATIO / (GC_RATIO - 1), 12.1 at the default headroom.
-        # Sized for 10, the Rails bench app ran 1.11-1.13x Ruby's GCs.
         @want = [@cover, (headroom * GC_RATIO / (GC_RATIO - 1)).ceil].max
         @hook_headroom = headroom + 1
         @seen = 0 # units of work finished
@@ -232,8 +231,8 @@ module Memkit
       # as Ruby finishes it before its next GC: the frees of the garbage's
       # malloc'd memory lower malloc_increase, and the slots it frees are not
       # counted free until swept. Decided on the reading mid-sweep, a GC due
-      # for malloc'd bytes ran every third request of the "malloc" shape (8
-      # MB a request) where Ruby alone ran one every sixth. Where the GC that
+      # for malloc'd bytes runs every third request of the "malloc" shape (8
+      # MB a request) where Ruby alone runs one every sixth. Where the GC that
       # left the sweep lazy did not size the heap (#run), it is sized now.
       def decide(reading, headroom)
         due = @policy.decide(reading, @profile, headroom: headroom)
@@ -243,6 +242,7 @@ module Memkit
         if @unsized
           @unsized = false
           size(reading)
+          reading = self.class.reading # growth may have run GCs
         end
         [@policy.decide(reading, @profile, headroom: headroom), reading]
       end
@@ -529,11 +529,11 @@ module Memkit
       # Has pool `index` take up to `slots` slots of the pages Ruby now
       # allows (heap_allocatable_slots) within the growth budget, at once:
       # its free slots and those, filled with objects dropped at once, which
-      # the next GC frees while the pool keeps the pages. Left to the requests, the pages came only
-      # once a request had used the pool's free slots, and the next GC
-      # started by GC.start took the allowance back first: on the "malloc"
-      # shape (8 MB malloc'd per request, GC due every two or three of
-      # them) the pool never grew and asked for a `:nofree` major every
+      # the next GC frees while the pool keeps the pages. Left to the
+      # requests, the pages come only once a request has used the pool's free
+      # slots, and a GC started by GC.start before then takes the allowance
+      # back: on the "malloc" shape (8 MB malloc'd a request, a GC every few
+      # of them) the pool never grew and asked for a `:nofree` major every
       # fourth request.
       def take_pages(index, reading, slots)
         h = reading.fetch(:heaps).fetch(index)
