@@ -233,10 +233,11 @@ module Memkit
       # counted free until swept. Decided on the reading mid-sweep, a GC due
       # for malloc'd bytes runs every third request of the "malloc" shape (8
       # MB a request) where Ruby alone runs one every sixth. Where the GC that
-      # left the sweep lazy did not size the heap (#run), it is sized now.
+      # left the sweep lazy did not size the heap (#run), it is sized before
+      # the next one, the sweep done by then.
       def decide(reading, headroom)
         due = @policy.decide(reading, @profile, headroom: headroom)
-        return [due, reading] unless due && reading.fetch(:info)[:state] == :sweeping
+        return [due, reading] unless due && (@unsized || reading.fetch(:info)[:state] == :sweeping)
 
         reading = finish_sweep(reading)
         if @unsized
