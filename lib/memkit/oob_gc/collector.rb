@@ -24,12 +24,10 @@ module Memkit
     # Several collectors in one process share the process's counters; a GC
     # runs only when no unit is in flight in any of them.
     class Collector
-      # GC runs per request, against Ruby alone at the same heap, that the
-      # heap is sized for.
-      GC_RATIO = 1.1
-      # Requests apart that GCs must come for one request early to stay
-      # within GC_RATIO: (N + 1) / N = 1.1 at N = 10.
-      COVER = (1 / (GC_RATIO - 1)).round
+      # Requests apart that GCs must come for collecting one request early to
+      # cost at most 1.1x Ruby's GC runs: (N + 1) / N = 1.1 at N = 10. Also
+      # the requests a collected heap is sized to hold (see #initialize).
+      COVER = 10
       # The heap growth's bound besides max_heap_growth: the worker's RSS at
       # the top of a GC cycle may grow by this share of what it was before any
       # growth (see RssBudget), so that a sized worker stays within 1.3x the
@@ -119,12 +117,13 @@ module Memkit
         @log = log
         @cover = headroom + 1 # after a GC: the next request, and one more
         # Requests a collected heap is sized to hold (where max_heap_growth,
-        # the RSS bound and Ruby's free-share limit allow): the collector runs
-        # a GC once fewer than `headroom` of them are left, where Ruby would
-        # run it once none are, so with F left after a GC it runs
-        # F / (F - headroom) times Ruby's GCs: within GC_RATIO from F =
-        # headroom * GC_RATIO / (GC_RATIO - 1), 12.1 at the default headroom.
-        @want = [@cover, (headroom * GC_RATIO / (GC_RATIO - 1)).ceil].max
+        # the RSS bound and Ruby's free-share limit allow). The collector runs
+        # a GC once fewer than `headroom` of them are left, where Ruby runs it
+        # once none are: with F left after a GC, F / (F - headroom) times
+        # Ruby's GCs, 1.12x at 10. Sized for 13 (1.09x), Ruby 3.4's heap
+        # growth overshot its RSS budget on the Rails bench app: 1.44x the
+        # RSS of Ruby alone (docs/BENCHMARKS.md).
+        @want = [@cover, COVER].max
         @hook_headroom = headroom + 1
         @seen = 0 # units of work finished
         @cycle = [nil, 0] # GC.count, and @seen when it was last seen to change
