@@ -26,7 +26,7 @@ module Memkit
     class Collector
       # Requests apart that GCs must come for collecting one request early to
       # cost at most 1.1x Ruby's GC runs: (N + 1) / N = 1.1 at N = 10. Also
-      # the requests a collected heap is sized to hold (see #initialize).
+      # what a collected heap is sized for (see #initialize).
       COVER = 10
       # The heap growth's bound besides max_heap_growth: the worker's RSS at
       # the top of a GC cycle may grow by this share of what it was before any
@@ -116,13 +116,11 @@ module Memkit
         @regrow_wait = regrow_after # doubled after each growth Ruby refused
         @log = log
         @cover = headroom + 1 # after a GC: the next request, and one more
-        # Requests a collected heap is sized to hold (where max_heap_growth,
-        # the RSS bound and Ruby's free-share limit allow). The collector runs
-        # a GC once fewer than `headroom` of them are left, where Ruby runs it
-        # once none are: with F left after a GC, F / (F - headroom) times
-        # Ruby's GCs, 1.12x at 10. Sized for 13 (1.09x), Ruby 3.4's heap
-        # growth overshot its RSS budget on the Rails bench app: 1.44x the
-        # RSS of Ruby alone (docs/BENCHMARKS.md).
+        # What a collected heap is sized for (where max_heap_growth, the RSS
+        # bound and Ruby's free-share limit allow): each pool holds `@want`
+        # times the free slots at which the collector runs a GC, and one more,
+        # so that it runs at most 1.1x the GCs of Ruby alone at that heap
+        # (Policy#shortfall).
         @want = [@cover, COVER].max
         @hook_headroom = headroom + 1
         @seen = 0 # units of work finished
@@ -322,16 +320,14 @@ module Memkit
       # Returns how many GCs it ran. `headroom`: the one #decide found the
       # GC due at (the hook's is larger: there a GC runs a request early).
       def run(kind, reading, headroom: @policy.headroom)
-        runs = 1
         @rss_top = HeapGrowth.rss if !@no_full_mark && (@growth.budget.positive? || @rss_top)
         lazy = @policy.sweep_lazily?(reading, @profile)
-        collect(kind, reading, lazy, headroom)
+        runs = collect(kind, reading, lazy, headroom)
         after = self.class.reading
         # A minor GC that leaves less than the minimum free share of the heap
         # makes Ruby's next GC a major one: better now than in the next request.
         if kind == :minor && (@policy.major_next?(after) || @policy.major_due?(after, @profile))
-          collect(:major, after, lazy, headroom)
-          runs += 1
+          runs += collect(:major, after, lazy, headroom)
           after = self.class.reading
         end
         # Mid-sweep, only a policy that reads the mark knows what is free;
@@ -344,21 +340,32 @@ module Memkit
         runs
       end
 
+      # Returns the GCs it ran.
       def collect(kind, reading, lazy, headroom)
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         reading = finish_sweep(reading)
         @policy.collecting(reading, kind)
         majors = GC.stat(:major_gc_count)
         pool = growing_pool if kind == :minor
-        ran = pool && run_dry(pool, reading)
-        ran ||= kind == :minor && lazy && @policy.malloc_due?(reading, @profile, headroom: headroom) &&
-                overrun_malloc(reading)
+        dried = pool && run_dry(pool, reading)
+        ran = dried || (kind == :minor && lazy && @policy.malloc_due?(reading, @profile, headroom: headroom) &&
+                        overrun_malloc(reading))
         GC.start(full_mark: kind == :major, immediate_sweep: !lazy) unless ran
         # A GC Ruby started (#run_dry, #overrun_malloc) is a major if Ruby had
         # one pending that the reading did not show (Ruby 3.1 does not say).
         kind = :major if ran && GC.stat(:major_gc_count) != majors
         Counters.record(kind == :major, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
         @policy.collected(kind, self.class.reading)
+        return 1 unless dried
+
+        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        took = take_pages(pool, self.class.reading, @dry_slots.to_i)
+        @dried_at = GC.count
+        return 1 unless took
+
+        Counters.record(false, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
+        @policy.collected(:minor, self.class.reading)
+        2
       end
 
       # Ruby finishes the last GC's lazy sweep before it starts the next, and
@@ -393,18 +400,25 @@ module Memkit
         elsif @rss_top
           @growth.allow(@rss_budget.bytes(@rss_top, @growth.grown_bytes))
         end
+        # A fresh worker's first requests allocate more than later ones (a
+        # Rails app compiles each template at its first render): a heap sized
+        # for `want` of them spent the whole growth budget on the main pool
+        # on the Rails bench app (3.4), and the pool that then ran dry first
+        # was left as it was. Until `regrow_after` requests, the heap grows
+        # only to hold the next `cover`.
+        want = @seen >= @regrow_after ? @want : @cover
         if @no_full_mark
           count_dried
           # Grown by the next minor GC due instead (#run_dry): no GC of its own.
-          short = grow_freely(reading, @policy.growth_shortfall(reading, @profile, cover: @cover, want: @want))
+          short = grow_freely(reading, @policy.growth_shortfall(reading, @profile, cover: @cover, want: want))
           # One growth at a time: what the last one added is known only once
-          # a GC has run since (the pages come as requests allocate).
+          # a GC has run since.
           settled = @dried_at.nil? || GC.count > @dried_at
           @dry_pool = (@policy.grow_by_allocation(reading, short, budget: @growth.budget) if settled)
           @dry_slots = short[@dry_pool] if @dry_pool
           short = []
         else
-          short = @policy.shortfall(reading, @profile, cover: @cover, want: @want)
+          short = @policy.shortfall(reading, @profile, cover: @cover, want: want)
         end
         if short.any?(&:positive?) && @growth.budget.positive? &&
            (@grown_at.nil? || @seen - @grown_at >= @regrow_wait)
@@ -423,7 +437,7 @@ module Memkit
             # Each attempt costs major GCs: one that won Ruby over less than
             # half the slots asked for (or, one step at a time, none) waits
             # twice as long before the next.
-            still = @policy.shortfall(after, @profile, cover: @cover, want: @want)
+            still = @policy.shortfall(after, @profile, cover: @cover, want: want)
             @refused = starving ? still.sum > short.sum / 2 : added.zero?
             @regrow_wait = @refused ? @regrow_wait * 2 : @regrow_after
           end
@@ -520,30 +534,33 @@ module Memkit
           allocated += 1
         end
         GC.enable unless GC.disable
-        take_pages(pool, self.class.reading, @dry_slots.to_i)
-        @dried_at = GC.count
         Counters.grew(0)
         true
       end
 
       # Has pool `index` take up to `slots` slots of the pages Ruby now
       # allows (heap_allocatable_slots) within the growth budget, at once:
-      # its free slots and those, filled with objects dropped at once, which
-      # the next GC frees while the pool keeps the pages. Left to the
-      # requests, the pages come only once a request has used the pool's free
-      # slots, and a GC started by GC.start before then takes the allowance
-      # back: on the "malloc" shape (8 MB malloc'd a request, a GC every few
-      # of them) the pool never grew and asked for a `:nofree` major every
-      # fourth request.
+      # its free slots and those, filled with objects dropped at once, then
+      # freed by a minor GC, which keeps the pages and sets the rest of the
+      # allowance back to zero. Left to the requests, the pages come only
+      # once a request has used the pool's free slots, and a GC started by
+      # GC.start before then takes the allowance back: on the "malloc" shape
+      # (8 MB malloc'd a request, a GC every few of them) the pool never grew
+      # and asked for a `:nofree` major every fourth request. Left full of
+      # the fillers, the pool made the next request run a GC, and a GC that
+      # allocation starts with full marks off allows the heap two thirds more
+      # (heap_prepare), which any pool may take: on the Rails bench app 25 MB
+      # past the growth budget. Returns whether it ran the minor GC.
       def take_pages(index, reading, slots)
         h = reading.fetch(:heaps).fetch(index)
         allowed = [slots, reading.fetch(:stat).fetch(:heap_allocatable_slots, 0),
                    @growth.budget / h.fetch(:slot_size)].min
-        return unless allowed.positive?
+        return false unless allowed.positive?
 
         free = h.fetch(:heap_eden_slots) - (h.fetch(:total_allocated_objects) - h.fetch(:total_freed_objects))
         Array.new([free, 0].max + allowed) { Array.new(HeapGrowth.filler_length(index)) }
-        nil
+        GC.start(full_mark: false, immediate_sweep: true)
+        true
       end
 
       # The object pages the heap has gained since the first #run_dry, taken

@@ -129,7 +129,7 @@ module Memkit
         objects = profile.objects
         pools = free(reading).each_with_index.map do |f, i|
           need = objects.fetch(i, 0)
-          f - ((need * headroom) + [SLACK, need].min).ceil if need.positive?
+          f - reserve(need, headroom).ceil if need.positive?
         end
         Margins.new(pools, malloc_margin(reading, profile.malloc, headroom), slot_sizes: shared_slot_sizes(reading))
       end
@@ -193,27 +193,41 @@ module Memkit
       # while the main one holds many, the small one decides how often GC
       # runs, and growing it costs little.
       #
-      # `want` requests (more than `cover`, which must fit) only up to where
-      # Ruby would give the pages back: a GC that finds more than 65% of the
-      # heap free (GC_HEAP_FREE_SLOTS_MAX_RATIO) frees pages down to that
-      # share, so a heap grown past it shrinks at the next GC and growing it
-      # again costs major GCs.
+      # `want` (more than `cover`, which must fit): each pool holds `want`
+      # times the free slots at which the collector runs a GC (#reserve),
+      # and one more. Ruby alone at the same heap collects once a pool has
+      # none left, F free slots after a GC; the collector once it has
+      # `reserve` left, F / (F - reserve) times as often: at most (want + 1)
+      # / want. Sized for `want` requests instead, a pool a request uses
+      # unevenly (the reserve is 1.1 times a high percentile, and a slack)
+      # collected 1.18x Ruby's GC runs on the Rails bench app. Only up to
+      # where Ruby would give the pages back: a GC that finds more than 65%
+      # of the heap free (GC_HEAP_FREE_SLOTS_MAX_RATIO) frees pages down to
+      # that share, so a heap grown past it shrinks at the next GC and
+      # growing it again costs major GCs.
       def shortfall(reading, profile, cover:, want: cover, balance: 16)
         free = free(reading)
         objects = profile.objects
         main = objects.each_with_index.max_by(&:first)&.last
         held = main && objects[main].positive? ? free.fetch(main, 0).fdiv(objects[main]) : 0
-        per_request = objects.sum
-        if want > cover && per_request.positive?
-          room = live(reading) * MAX_FREE_SHARE / (1 - MAX_FREE_SHARE)
-          cover = [cover, [want, room.fdiv(per_request)].min].max
-        end
         target = [cover, [held, balance].min].max
+        wanted = Array.new(free.size, 0)
+        if want > cover && objects.sum.positive?
+          wanted = objects.map { |need| need.positive? ? (want + 1) * reserve(need) : 0 }
+          room = live(reading) * MAX_FREE_SHARE / (1 - MAX_FREE_SHARE)
+          scale = [1.0, room.fdiv(wanted.sum)].min
+          wanted.map! { |slots| slots * scale }
+        end
         free.each_with_index.map do |f, i|
-          want = (objects.fetch(i, 0) * target).ceil
-          want > f ? want - f : 0
+          slots = [objects.fetch(i, 0) * target, wanted.fetch(i, 0)].max.ceil
+          slots > f ? slots - f : 0
         end
       end
+
+      # Free slots in a pool below which the collector runs a GC: the
+      # request's objects at the headroom, and a slack (scaled down for a
+      # pool a request barely uses).
+      def reserve(need, headroom = @headroom) = (need * headroom) + [SLACK, need].min
 
       # Whether the next request cannot fit even in a heap just collected.
       def starved?(reading, profile)
@@ -291,9 +305,7 @@ module Memkit
       def pools_short?(reading, objects, headroom)
         free(reading).each_with_index.any? do |f, i|
           need = objects.fetch(i, 0)
-          # The slack scales down for a pool a request barely uses (a pool
-          # of large objects holding a few hundred free slots).
-          need.positive? && f < (need * headroom) + [SLACK, need].min
+          need.positive? && f < reserve(need, headroom)
         end
       end
 

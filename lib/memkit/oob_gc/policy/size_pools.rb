@@ -121,9 +121,6 @@ module Memkit
           @nofree_at = nil
         end
 
-        # Free slots a pool must keep for the next request (as #decide asks).
-        def reserve(need) = (need * @headroom) + [SLACK, need].min
-
         def live_in(heap) = heap.fetch(:total_allocated_objects) - heap.fetch(:total_freed_objects)
 
         def allocatable_in(heap)
