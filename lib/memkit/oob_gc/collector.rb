@@ -320,14 +320,16 @@ module Memkit
       # Returns how many GCs it ran. `headroom`: the one #decide found the
       # GC due at (the hook's is larger: there a GC runs a request early).
       def run(kind, reading, headroom: @policy.headroom)
+        runs = 1
         @rss_top = HeapGrowth.rss if !@no_full_mark && (@growth.budget.positive? || @rss_top)
         lazy = @policy.sweep_lazily?(reading, @profile)
-        runs = collect(kind, reading, lazy, headroom)
+        collect(kind, reading, lazy, headroom)
         after = self.class.reading
         # A minor GC that leaves less than the minimum free share of the heap
         # makes Ruby's next GC a major one: better now than in the next request.
         if kind == :minor && (@policy.major_next?(after) || @policy.major_due?(after, @profile))
-          runs += collect(:major, after, lazy, headroom)
+          collect(:major, after, lazy, headroom)
+          runs += 1
           after = self.class.reading
         end
         # Mid-sweep, only a policy that reads the mark knows what is free;
@@ -340,32 +342,21 @@ module Memkit
         runs
       end
 
-      # Returns the GCs it ran.
       def collect(kind, reading, lazy, headroom)
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         reading = finish_sweep(reading)
         @policy.collecting(reading, kind)
         majors = GC.stat(:major_gc_count)
         pool = growing_pool if kind == :minor
-        dried = pool && run_dry(pool, reading)
-        ran = dried || (kind == :minor && lazy && @policy.malloc_due?(reading, @profile, headroom: headroom) &&
-                        overrun_malloc(reading))
+        ran = pool && run_dry(pool, reading)
+        ran ||= kind == :minor && lazy && @policy.malloc_due?(reading, @profile, headroom: headroom) &&
+                overrun_malloc(reading)
         GC.start(full_mark: kind == :major, immediate_sweep: !lazy) unless ran
         # A GC Ruby started (#run_dry, #overrun_malloc) is a major if Ruby had
         # one pending that the reading did not show (Ruby 3.1 does not say).
         kind = :major if ran && GC.stat(:major_gc_count) != majors
         Counters.record(kind == :major, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
         @policy.collected(kind, self.class.reading)
-        return 1 unless dried
-
-        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-        took = take_pages(pool, self.class.reading, @dry_slots.to_i)
-        @dried_at = GC.count
-        return 1 unless took
-
-        Counters.record(false, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
-        @policy.collected(:minor, self.class.reading)
-        2
       end
 
       # Ruby finishes the last GC's lazy sweep before it starts the next, and
@@ -412,7 +403,7 @@ module Memkit
           # Grown by the next minor GC due instead (#run_dry): no GC of its own.
           short = grow_freely(reading, @policy.growth_shortfall(reading, @profile, cover: @cover, want: want))
           # One growth at a time: what the last one added is known only once
-          # a GC has run since.
+          # a GC has run since (the pages come as requests allocate).
           settled = @dried_at.nil? || GC.count > @dried_at
           @dry_pool = (@policy.grow_by_allocation(reading, short, budget: @growth.budget) if settled)
           @dry_slots = short[@dry_pool] if @dry_pool
@@ -534,37 +525,30 @@ module Memkit
           allocated += 1
         end
         GC.enable unless GC.disable
+        take_pages(pool, self.class.reading, @dry_slots.to_i)
+        @dried_at = GC.count
         Counters.grew(0)
         true
       end
 
       # Has pool `index` take up to `slots` slots of the pages Ruby now
       # allows (heap_allocatable_slots) within the growth budget, at once:
-      # its free slots and those, filled with objects dropped at once, then
-      # freed by a minor GC, which keeps the pages and sets the rest of the
-      # allowance back to zero. Left to the requests, the pages come only
-      # once a request has used the pool's free slots, and a GC started by
-      # GC.start before then takes the allowance back: on the "malloc" shape
-      # (8 MB malloc'd a request, a GC every few of them) the pool never grew
-      # and asked for a `:nofree` major every fourth request. Left full of
-      # the fillers, the pool made the next request run a GC, and a GC that
-      # allocation starts with full marks off allows the heap two thirds more
-      # (heap_prepare), which any pool may take: on the Rails bench app 25 MB
-      # past the growth budget. Less than one request's objects in the pool
-      # is not worth that GC: on a job loop allocating 20,000 objects a job,
-      # growth steps smaller than a job took the collector to 19-20 GC runs
-      # over 150 jobs where Ruby alone ran 12. Returns whether it ran the
-      # minor GC.
+      # its free slots and those, filled with objects dropped at once, which
+      # the next GC frees while the pool keeps the pages. Left to the
+      # requests, the pages come only once a request has used the pool's free
+      # slots, and a GC started by GC.start before then takes the allowance
+      # back: on the "malloc" shape (8 MB malloc'd a request, a GC every few
+      # of them) the pool never grew and asked for a `:nofree` major every
+      # fourth request.
       def take_pages(index, reading, slots)
         h = reading.fetch(:heaps).fetch(index)
         allowed = [slots, reading.fetch(:stat).fetch(:heap_allocatable_slots, 0),
                    @growth.budget / h.fetch(:slot_size)].min
-        return false unless allowed.positive? && allowed >= @profile.objects.fetch(index, 0)
+        return unless allowed.positive?
 
         free = h.fetch(:heap_eden_slots) - (h.fetch(:total_allocated_objects) - h.fetch(:total_freed_objects))
         Array.new([free, 0].max + allowed) { Array.new(HeapGrowth.filler_length(index)) }
-        GC.start(full_mark: false, immediate_sweep: true)
-        true
+        nil
       end
 
       # The object pages the heap has gained since the first #run_dry, taken
