@@ -1,18 +1,16 @@
 # frozen_string_literal: true
+
 # For bench/oobgc_rails.rb --patch: at each out-of-band GC from the 151st
 # request on (60 lines), the requests since the last one, free slots per
 # pool, the learned objects per pool (the percentile) and their mean over the
 # window, and how many requests the free slots hold at each. Into
 # decide.PID.txt in $OOBGC_MAJORS_DIR (default: the server's directory).
-# XWANT=N as in bench/oobgc_growth_probe.rb.
+# XWANT=N: see bench/oobgc_want_override.rb.
+require_relative "oobgc_want_override"
+
 module DecideProbe
   LOG = []
   DIR = ENV.fetch("OOBGC_MAJORS_DIR", Dir.pwd)
-  def initialize(**kw)
-    super
-    @want = Integer(ENV["XWANT"]) if ENV["XWANT"] && !ENV["XWANT"].empty?
-  end
-
   def run(kind, reading, headroom: @policy.headroom)
     if @seen > 150 && LOG.size < 60
       free = @policy.free(reading)

@@ -1,19 +1,17 @@
 # frozen_string_literal: true
+
 # For bench/oobgc_rails.rb --patch (Ruby 3.4): after each out-of-band GC,
 # the heap's eden MB, shared allocatable slots before and after sizing, the
 # growth budget and what has grown, the pool to run dry and the slots it
 # should take, the RSS, slots per pool and the learned profile; and each GC
 # a request ran (INSIDE), counted from the first request. Into
 # growth.PID.txt in $OOBGC_MAJORS_DIR (default: the server's directory).
-# XWANT=N sizes the heap for N in place of Collector::COVER.
+# XWANT=N: see bench/oobgc_want_override.rb.
+require_relative "oobgc_want_override"
+
 module GrowthProbe
   LOG = []
   DIR = ENV.fetch("OOBGC_MAJORS_DIR", Dir.pwd)
-  def initialize(**kw)
-    super
-    @want = Integer(ENV["XWANT"]) if ENV["XWANT"] && !ENV["XWANT"].empty?
-  end
-
   def finished(token)
     if GC.count != token[0] && LOG.size < 400
       info = GC.latest_gc_info

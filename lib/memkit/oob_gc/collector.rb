@@ -464,8 +464,7 @@ module Memkit
           next slots if slots * h.fetch(:slot_size) > @growth.budget
 
           @dry_base ||= HeapGrowth.eden_bytes
-          free = h.fetch(:heap_eden_slots) - (h.fetch(:total_allocated_objects) - h.fetch(:total_freed_objects))
-          Array.new([free, 0].max + slots) { Array.new(HeapGrowth.filler_length(i)) }
+          fill_past(i, h, slots)
           Counters.grew(0)
           0
         end
@@ -544,10 +543,15 @@ module Memkit
         h = reading.fetch(:heaps).fetch(index)
         allowed = [slots, reading.fetch(:stat).fetch(:heap_allocatable_slots, 0),
                    @growth.budget / h.fetch(:slot_size)].min
-        return unless allowed.positive?
+        fill_past(index, h, allowed) if allowed.positive?
+      end
 
-        free = h.fetch(:heap_eden_slots) - (h.fetch(:total_allocated_objects) - h.fetch(:total_freed_objects))
-        Array.new([free, 0].max + allowed) { Array.new(HeapGrowth.filler_length(index)) }
+      # Fills pool `index` (`heap`, its GC.stat_heap) past its free slots by
+      # `slots`, with objects dropped at once: the pool takes `slots` slots
+      # of new pages, and the next GC frees the objects.
+      def fill_past(index, heap, slots)
+        free = heap.fetch(:heap_eden_slots) - (heap.fetch(:total_allocated_objects) - heap.fetch(:total_freed_objects))
+        Array.new([free, 0].max + slots) { Array.new(HeapGrowth.filler_length(index)) }
         nil
       end
 

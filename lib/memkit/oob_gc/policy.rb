@@ -211,7 +211,7 @@ module Memkit
         main = objects.each_with_index.max_by(&:first)&.last
         held = main && objects[main].positive? ? free.fetch(main, 0).fdiv(objects[main]) : 0
         target = [cover, [held, balance].min].max
-        wanted = Array.new(free.size, 0)
+        wanted = []
         if want > cover && objects.sum.positive?
           wanted = objects.map { |need| need.positive? ? (want + 1) * reserve(need) : 0 }
           room = live(reading) * MAX_FREE_SHARE / (1 - MAX_FREE_SHARE)
