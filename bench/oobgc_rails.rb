@@ -23,7 +23,8 @@
 # GCs inside requests ran (gc_by/major_by), the workers' RSS sampled every 25
 # requests (mean), and at exit the object heap's pages and the RSS by kind
 # of mapping: brk (glibc's main arena), anonymous >= 32 MB (3.1's transient
-# heap), other anonymous (3.3+'s object pages, large malloc blocks).
+# heap), other anonymous (3.3+'s object pages, large malloc blocks); and the
+# server tree's total PSS (master and workers) once the load has stopped.
 #
 # Each mode boots the server fresh, warms it until every worker has served
 # 100 requests (the GC probe in bench/rails/oobgc.ru counts from each
@@ -35,6 +36,7 @@ $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
 require "memkit"
 require "memkit/loopback"
 require "memkit/cli"
+require "memkit/tree"
 require "net/http"
 require "json"
 require "optparse"
@@ -149,6 +151,9 @@ module OobgcRails
         # gives each worker well over SKIP requests.
         wrk(port, opts[:warmup], opts[:connections], 0, script)
         result = wrk(port, opts[:duration], opts[:connections], pace, script)
+        # What the user pays: the whole tree (master and workers), at rest
+        # after the load.
+        result[:tree_pss] = Memkit::Tree.read(pid).total_pss
       ensure
         stop(server, pid)
       end
@@ -249,12 +254,13 @@ module OobgcRails
     rows = rows.map { |r| r.transform_keys(&:to_sym) }
     rows.each { |r| r[:mode] = "#{r[:mode]}:#{r[:label]}" if r[:label] && !r[:mode].include?(":") }
     header = %w[ruby server mode load req/s p50_ms p99_ms requests gc_runs majors inside inside_major outside%
-                gc/req rss_MB rss_mean_MB heap_pages_MB brk_MB anon32_MB anon_MB heap_slots]
+                gc/req rss_MB rss_mean_MB tree_pss_MB heap_pages_MB brk_MB anon32_MB anon_MB heap_slots]
     table = rows.map do |r|
       m = r[:memory] || {}
       [r[:ruby], r[:server], r[:mode], r[:load], format("%.1f", r[:rps]), format("%.1f", r[:p50].to_f),
        format("%.1f", r[:p99].to_f), r[:requests], r[:gc_total], r[:gc_major], r[:gc_inside], r[:gc_inside_major],
-       outside(r), format("%.4f", per_request(r)), mb(r[:rss_kb]), mb(r[:rss_mean_kb]), mb(m[:heap_pages_kb]),
+       outside(r), format("%.4f", per_request(r)), mb(r[:rss_kb]), mb(r[:rss_mean_kb]),
+       r[:tree_pss] ? format("%.1f", r[:tree_pss] / 1048576.0) : "-", mb(m[:heap_pages_kb]),
        mb(m[:brk_kb]), mb(m[:anon_big_kb]), mb(m[:anon_kb]), r[:heap_slots].round]
     end
     puts Memkit::CLI.table(header, table, left: [0, 1, 2, 3])
@@ -284,6 +290,10 @@ module OobgcRails
           line << format(", GC/req %.2fx none; req/s %.2fx none, p99 %.2fx none, RSS %.2fx none (mean %.2fx)",
                          per_request(mk) / per_request(none), mk[:rps] / none[:rps], mk[:p99].to_f / none[:p99].to_f,
                          mk[:rss_kb] / none[:rss_kb], mk[:rss_mean_kb].to_f / [none[:rss_mean_kb].to_f, 1].max)
+          if mk[:tree_pss] && none[:tree_pss]
+            line << format(", tree PSS %.2fx none", mk[:tree_pss].fdiv(none[:tree_pss]))
+            line << format(" (%.2fx heap)", mk[:tree_pss].fdiv(heap[:tree_pss])) if heap&.dig(:tree_pss)
+          end
         end
         puts line
         puts "  #{mode}'s boot_env: #{mk[:boot_env]}; gave_up: #{mk[:gave_up] || '-'}; " \
