@@ -29,6 +29,17 @@ class OobGCTest < Minitest::Test
     assert_raises(Memkit::Error) { Memkit::OobGC.new(ALLOCATING, headroom: "2") }
   end
 
+  # `require "memkit/oob_gc"` alone (a config.ru that loads only the
+  # middleware): a bad option is still Memkit::InvalidArgument, not a
+  # NameError for the class.
+  def test_options_with_only_the_middleware_loaded
+    script = 'require "memkit/oob_gc"; Memkit::OobGC.new(->(_) {}, headroom: 0.5) rescue (puts $!.class, $!.message)'
+    out, status = Open3.capture2e(RbConfig.ruby, "-I#{ROOT}/lib", "-e", script)
+    assert status.success?, out
+    assert_equal ["Memkit::InvalidArgument", "Memkit::OobGC: headroom must be a number >= 1 (got 0.5)"],
+                 out.lines(chomp: true)
+  end
+
   # The same app without the middleware collects inside requests; with it,
   # at least 90% of GC runs move between requests, whichever hook the server
   # offers.

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "monitor"
+require_relative "../errors"
 require_relative "profile"
 require_relative "policy"
 require_relative "counters"

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "../errors"
+
 module Memkit
   class OobGC
     # What one request allocates in this worker, learned from the last
