@@ -57,8 +57,9 @@ module Memkit
         end
 
         # kind :grown: the collector grew the heap, which the valve must not
-        # take for Ruby's growth.
+        # take for Ruby's growth (no GC ran).
         def collected(kind, reading)
+          marked(kind, reading) unless kind == :grown
           @baseline = available(reading) if kind == :major || kind == :grown || @baseline.nil?
         end
 

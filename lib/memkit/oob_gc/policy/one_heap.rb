@@ -24,7 +24,8 @@ module Memkit
           @survived = nil  # young objects the latest out-of-band minor kept
         end
 
-        def lazy_sweep? = true
+        def lazy_sweep?(_reading) = true
+        def reads_sweep?(_reading, _kind, _apart) = true
 
         # A GC has run since the last look if the count moved; its mark ended
         # after the allocations counted then (the figure errs towards less

@@ -5,8 +5,9 @@ module Memkit
     class Policy
       # Size pools (Ruby 3.2+): objects of each size live in their own heap,
       # and any one running dry starts a GC. There is no marked count per
-      # pool, so the free count is only right once the sweep is over: the
-      # out-of-band GC sweeps at once.
+      # pool, so mid-sweep the free count per pool comes from an estimate
+      # (Sweep) that errs towards less free, and only for an out-of-band minor
+      # that follows another GC of this process with no GC between.
       #
       # Ruby 3.2/3.3 decide at the end of each pool's sweep
       # (gc_sweep_finish_size_pool): a pool left with less than 20% of its
@@ -29,8 +30,22 @@ module Memkit
         # short grows instead of asking for a major.
         OLD_AGE = 3
 
+        # What the sweep of an out-of-band minor will free in each pool, for
+        # the GC `count`: `garbage` per pool, against the pools' `freed`
+        # counts when it started. Ruby counts only the total the mark kept
+        # (heap_marked_slots), so the garbage G = occupied - marked is split:
+        # each pool's is taken as what it allocated since the last mark less
+        # every object that survived of all the pools' (their allocation less
+        # G), as if all survivors were in that pool. A pool's garbage can only
+        # be more (older young objects die too), so free errs low: a GC comes
+        # early, never inside a request.
+        Sweep = Struct.new(:count, :garbage, :freed)
+
         def initialize(**options)
           super
+          @marked = nil # [GC count, allocated per pool] right after the latest GC this process ran
+          @before = nil # [GC count, allocated, freed per pool] as that GC started
+          @sweep = nil
           @major_at = nil     # GC count at the latest major seen
           @live_at_major = nil # live objects per pool right after it (nil: not seen)
           @nofree_at = nil    # GC count at which a minor asked for a major (see #collected)
@@ -42,16 +57,51 @@ module Memkit
         # the pages it may still add without collecting (per pool up to 3.3;
         # 3.4 keeps one count of allocatable slots, in base-size slots, that
         # every pool draws from).
-        def live(reading)
-          reading.fetch(:heaps).sum { |h| live_in(h) }
-        end
+        def live(reading) = lives(reading).sum
 
         def free(reading)
           shared = reading.fetch(:stat).fetch(:heap_allocatable_slots, 0)
-          reading.fetch(:heaps).map do |h|
+          lives = lives(reading)
+          reading.fetch(:heaps).each_with_index.map do |h, i|
             slot_size = h.fetch(:slot_size, BASE_SLOT_SIZE)
-            h.fetch(:heap_eden_slots) - live_in(h) + allocatable_in(h) + (shared * BASE_SLOT_SIZE / slot_size)
+            h.fetch(:heap_eden_slots) - lives[i] + allocatable_in(h) + (shared * BASE_SLOT_SIZE / slot_size)
           end
+        end
+
+        # Live objects per pool; mid-sweep, less the garbage the Sweep
+        # estimate says is still to be swept (without one, the unswept
+        # garbage counts as live).
+        def lives(reading)
+          sweep = sweep_of(reading)
+          reading.fetch(:heaps).each_with_index.map do |h, i|
+            occupied = h.fetch(:total_allocated_objects) - h.fetch(:total_freed_objects)
+            next occupied unless sweep
+
+            occupied - [sweep.garbage.fetch(i) - (h.fetch(:total_freed_objects) - sweep.freed.fetch(i)), 0].max
+          end
+        end
+
+        def lazy_sweep?(reading) = !sweep_of(reading).nil?
+
+        # Requests between GCs from which a minor sweeps lazily. Closer, the
+        # next request sweeps most of the heap anyway, and lazily its pages
+        # came back differently: "huge" on 3.3 (a GC every one or two
+        # requests) ran 1.33x Ruby alone's GC runs swept lazily, 0.66x swept
+        # at once.
+        SPREAD = 10
+
+        # A minor that follows this process's last GC with none between: what
+        # each pool allocated since that mark is known (see Sweep).
+        def reads_sweep?(reading, kind, apart)
+          kind == :minor && apart >= SPREAD && !@marked.nil? && @marked[0] == reading.fetch(:stat).fetch(:count)
+        end
+
+        # Told the heap with the last sweep finished, just before collecting.
+        def collecting(reading, kind = :minor)
+          super
+          heaps = reading.fetch(:heaps)
+          @before = [reading.fetch(:stat).fetch(:count), heaps.map { |h| h.fetch(:total_allocated_objects) },
+                     heaps.map { |h| h.fetch(:total_freed_objects) }]
         end
 
         def decide(reading, profile, headroom: @headroom)
@@ -76,6 +126,7 @@ module Memkit
         end
 
         def collected(kind, reading)
+          marked(kind, reading)
           @majors = reading.fetch(:stat).fetch(:major_gc_count)
           if kind == :major
             seen_major(reading)
@@ -94,12 +145,14 @@ module Memkit
         # needs growth, not majors (a cache that keeps growing).
         def nofree?(reading)
           return false unless @objects
-          return false if reading.fetch(:info)[:state] == :sweeping # free counts are not final mid-sweep
+          # Mid-sweep with no estimate, the free counts are not final.
+          return false if reading.fetch(:info)[:state] == :sweeping && !lazy_sweep?(reading)
 
           count = reading.fetch(:stat).fetch(:count)
           return false if @major_at && count - @major_at < OLD_AGE
 
           free = free(reading)
+          lives = lives(reading)
           reading.fetch(:heaps).each_with_index.any? do |h, i|
             need = @objects.fetch(i, 0)
             next false unless need.positive?
@@ -109,19 +162,46 @@ module Memkit
             next false unless lacking.positive?
 
             base = @live_at_major&.fetch(i, nil)
-            base.nil? || live_in(h) - base >= lacking
+            base.nil? || lives[i] - base >= lacking
           end
         end
 
         private
 
-        def seen_major(reading)
-          @major_at = reading.fetch(:stat).fetch(:count)
-          @live_at_major = reading.fetch(:heaps).map { |h| live_in(h) }
-          @nofree_at = nil
+        # After a `kind` GC this process ran (`reading`, just after it): where
+        # a minor left its sweep to the requests, the Sweep estimate (after a
+        # major, the old garbage it frees is not in it); and the mark's
+        # allocation counts, for the next one.
+        def marked(kind, reading)
+          count = reading.fetch(:stat).fetch(:count)
+          heaps = reading.fetch(:heaps)
+          @sweep = nil
+          before = @before
+          @before = nil
+          if kind == :minor && before && reading.fetch(:info)[:state] == :sweeping && @marked &&
+             @marked[0] == before[0] && count == before[0] + 1
+            _, allocated, freed = before
+            since = allocated.each_with_index.map { |a, i| a - @marked[1].fetch(i) }
+            garbage = allocated.each_with_index.sum { |a, i| a - freed[i] } - reading.fetch(:stat).fetch(:heap_marked_slots)
+            survivors = [since.sum - garbage, 0].max
+            @sweep = Sweep.new(count, since.map { |a| [a - survivors, 0].max }, freed)
+          end
+          @marked = [count, heaps.map { |h| h.fetch(:total_allocated_objects) }]
         end
 
-        def live_in(heap) = heap.fetch(:total_allocated_objects) - heap.fetch(:total_freed_objects)
+        # The Sweep estimate that holds for `reading`, if any.
+        def sweep_of(reading)
+          sweep = @sweep
+          return unless sweep && reading.fetch(:info)[:state] == :sweeping
+
+          sweep if sweep.count == reading.fetch(:stat).fetch(:count)
+        end
+
+        def seen_major(reading)
+          @major_at = reading.fetch(:stat).fetch(:count)
+          @live_at_major = lives(reading)
+          @nofree_at = nil
+        end
 
         def allocatable_in(heap)
           pages = heap.fetch(:heap_eden_pages)
