@@ -311,6 +311,59 @@ class OobGCPolicyTest < Minitest::Test
     assert policy.major_pending?(rails_pools(36_800, count: 18))
   end
 
+  # Two pools of 100,000 slots; `counts` is [[allocated, freed], ...] per pool.
+  def sweep_reading(counts, count:, marked: 0, state: :sweeping)
+    heaps = counts.each_with_index.map do |(allocated, freed), i|
+      { slot_size: 40 << i, heap_eden_slots: 100_000, heap_eden_pages: 100_000 / (1638 >> i),
+        total_allocated_objects: allocated, total_freed_objects: freed }
+    end
+    stat = { count: count, major_gc_count: 2, heap_marked_slots: marked, old_objects: 10_000,
+             old_objects_limit: 100_000, oldmalloc_increase_bytes: 0, oldmalloc_increase_bytes_limit: 16 << 20 }
+    { stat: stat, heaps: heaps, info: { state: state } }
+  end
+
+  # Mid-sweep of an out-of-band minor, each pool's garbage is what it
+  # allocated since the last mark less every survivor of all the pools:
+  # the free count errs low, never high.
+  def test_size_pools_read_free_slots_mid_sweep_from_an_estimate_that_errs_low
+    policy = Policy::SizePools.new
+    policy.collected(:minor, sweep_reading([[50_000, 0], [20_000, 0]], count: 5, state: :none))
+    refute policy.reads_sweep?(sweep_reading([[90_000, 0], [30_000, 0]], count: 5), :minor, 9),
+           "GCs closer than SPREAD requests sweep at once"
+    refute policy.reads_sweep?(sweep_reading([[90_000, 0], [30_000, 0]], count: 5), :major, 20)
+    refute policy.reads_sweep?(sweep_reading([[90_000, 0], [30_000, 0]], count: 6), :minor, 20),
+           "a GC of Ruby's since: what each pool allocated since a mark is not known"
+    before = sweep_reading([[90_000, 0], [30_000, 0]], count: 5, state: :none)
+    assert policy.reads_sweep?(before, :minor, 20)
+    # 40,000 and 10,000 allocated since; 70,000 live at the mark, so 50,000
+    # occupied slots less 2,000 survivors are garbage, unswept yet.
+    policy.collecting(before)
+    after = sweep_reading([[90_000, 0], [30_000, 0]], count: 6, marked: 72_000)
+    policy.collected(:minor, after)
+    assert policy.lazy_sweep?(after)
+    assert_equal [100_000 - 90_000 + 38_000, 100_000 - 30_000 + 8_000], policy.free(after)
+    assert_equal [52_000, 22_000], policy.lives(after)
+    # The sweep frees what it finds; requests allocate: only those count.
+    later = sweep_reading([[95_000, 20_000], [31_000, 8_000]], count: 6, marked: 72_000)
+    assert_equal [100_000 - 95_000 + 20_000 + 18_000, 100_000 - 31_000 + 8_000], policy.free(later)
+    done = sweep_reading([[95_000, 39_000], [31_000, 9_000]], count: 6, state: :none)
+    refute policy.lazy_sweep?(done)
+    assert_equal [44_000, 78_000], policy.free(done), "sweep over: the counts are right"
+    # The next GC is Ruby's: no estimate for its sweep.
+    assert_equal [5_000, 69_000], policy.free(sweep_reading([[95_000, 0], [31_000, 0]], count: 7))
+  end
+
+  # After a major (old garbage too) nothing is estimated.
+  def test_size_pools_no_estimate_after_a_major
+    policy = Policy::SizePools.new
+    policy.collected(:minor, sweep_reading([[50_000, 0], [20_000, 0]], count: 5, state: :none))
+    policy.collecting(sweep_reading([[90_000, 0], [30_000, 0]], count: 5, state: :none), :major)
+    after = sweep_reading([[90_000, 0], [30_000, 0]], count: 6, marked: 40_000)
+    policy.collected(:major, after)
+    refute policy.lazy_sweep?(after)
+    assert_equal [10_000, 70_000], policy.free(after)
+  end
+
   # Ruby 3.4 with full marks off grows pools its own way (NoFullMark).
   def test_no_full_mark_leaves_short_pools_to_growth
     req = rails_profile

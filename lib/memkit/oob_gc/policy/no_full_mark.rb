@@ -59,7 +59,10 @@ module Memkit
         # kind :grown: the collector grew the heap, which the valve must not
         # take for Ruby's growth (no GC ran).
         def collected(kind, reading)
-          marked(kind, reading) unless kind == :grown
+          unless kind == :grown
+            stepped(kind, reading)
+            marked(kind, reading)
+          end
           @baseline = available(reading) if kind == :major || kind == :grown || @baseline.nil?
         end
 

@@ -41,23 +41,12 @@ module Memkit
         end
 
         def collected(kind, reading)
+          super
           stat = reading.fetch(:stat)
-          if kind == :minor && @old_before
-            @survived = stat.fetch(:heap_marked_slots) - @old_before
-            @steps = [stat.fetch(:old_objects) - @old_before, shady(stat) - @shady_before].map { |d| [d, 0].max }
-          end
+          @survived = stat.fetch(:heap_marked_slots) - @old_before if kind == :minor && @old_before
           @marked_at = stat.fetch(:total_allocated_objects)
           @major_at = stat.fetch(:count) if kind == :major
           @seen = [stat.fetch(:count), @marked_at, stat.fetch(:major_gc_count)]
-        end
-
-        # The collector tells the policy the old objects before it collects:
-        # a minor keeps them all, and about as many young ones as the last
-        # minor kept.
-        def collecting(reading, kind = :minor)
-          super
-          @old_before = reading.fetch(:stat).fetch(:old_objects)
-          @shady_before = shady(reading.fetch(:stat))
         end
 
         # Mid-sweep, what the mark kept.
@@ -113,19 +102,6 @@ module Memkit
         end
 
         private
-
-        # Ruby's test at the end of a mark (gc_marks_finish): a count past its
-        # limit sets the flag.
-        def flags_would_pass?(stat)
-          old_step, shady_step = @steps
-          return false unless old_step
-
-          limit = stat.fetch(:remembered_wb_unprotected_objects_limit, 0)
-          stat.fetch(:old_objects) + old_step > stat.fetch(:old_objects_limit) ||
-            (limit.positive? && shady(stat) + shady_step > limit)
-        end
-
-        def shady(stat) = stat.fetch(:remembered_wb_unprotected_objects, 0)
 
         def fills?(stat, marked)
           total = eden_slots(stat) + allocatable_slots(stat)

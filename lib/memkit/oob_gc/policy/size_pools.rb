@@ -126,6 +126,7 @@ module Memkit
         end
 
         def collected(kind, reading)
+          super
           marked(kind, reading)
           @majors = reading.fetch(:stat).fetch(:major_gc_count)
           if kind == :major
