@@ -70,9 +70,10 @@ module Memkit
       # allocations, as Ruby's own GCs do. Always where #free can be read
       # mid-sweep (#reads_sweep?): a GC.start that sweeps at once holds the
       # next request for the whole sweep, most of the pause (a minor on the
-      # "medium" shape: 1.1 ms of mark, 4.6 ms of sweep on 3.4), where Ruby's
-      # own GC sweeps a few pages at a time as requests allocate; a request
-      # queued behind it waited 2-6x the p99 of no OobGC on 3.3 and 3.4.
+      # "medium" shape on 3.4: 1.4-1.7 ms of mark, 5.6 ms of sweep; see
+      # bench/oobgc_pause.rb), where Ruby's own GC sweeps a few pages at a
+      # time as requests allocate: p99 latency up to 5.3x that of no OobGC
+      # on the "tiny" and "medium" shapes on 3.3 and 3.4.
       # Elsewhere when the GC is due for malloc'd bytes while the pools hold
       # several more requests. Swept at once, a GC frees the garbage's
       # malloc'd memory inside itself, before Ruby counts it against the
@@ -307,10 +308,10 @@ module Memkit
       # objects past their limits, each growing by what it grew at the last
       # out-of-band minor: Ruby's test at the end of a mark
       # (gc_marks_finish), which asks for a major, then run at once in the
-      # same pause. Run alone instead, it is one GC, not two; and it is known
-      # before the response goes out, so a kept-alive client is told to
-      # reconnect rather than wait it out (the "cache" shape behind Puma on
-      # 3.4, whose old objects grow every request: p99 5.6x no OobGC's).
+      # same pause. Run alone instead, it is one GC, not two (on Ruby 3.1's
+      # bench Rails app behind Puma, one GC run more per major); and it is
+      # known before the response goes out, so a kept-alive client is told
+      # to reconnect rather than wait it out.
       def minor_would_fill?(reading) = flags_would_pass?(reading.fetch(:stat))
 
       # Told the heap as it stands just before this process collects (kind:

@@ -37,8 +37,8 @@ module Memkit
         # each pool's is taken as what it allocated since the last mark less
         # every object that survived of all the pools' (their allocation less
         # G), as if all survivors were in that pool. A pool's garbage can only
-        # be more (older young objects die too), so free errs low: a GC comes
-        # early, never inside a request.
+        # be more (older young objects die too), so free errs low, towards a
+        # GC early rather than late.
         Sweep = Struct.new(:count, :garbage, :freed)
 
         def initialize(**options)
