@@ -568,11 +568,10 @@ module Memkit
         fill_past(index, allowed) if allowed.positive?
       end
 
-      # Fills pool `index` past its free slots by
-      # `slots`, with objects dropped at once: the pool takes `slots` slots
-      # of new pages, and the next GC frees the objects.
-      # Mid-sweep, the allocation would sweep pages instead of adding them:
-      # the sweep is finished first.
+      # Fills pool `index` past its free slots by `slots`, with objects
+      # dropped at once: the pool takes `slots` slots of new pages, and the
+      # next GC frees the objects. Mid-sweep the allocation would sweep pages
+      # instead of adding them, so the sweep is finished first.
       def fill_past(index, slots)
         GC.enable unless GC.disable
         heap = GC.stat_heap(index)

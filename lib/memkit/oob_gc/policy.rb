@@ -320,6 +320,7 @@ module Memkit
       # limit, and the sweep's frees lower oldmalloc.
       def collecting(reading, kind = :minor)
         @oldmalloc_over = kind == :minor && oldmalloc_over?(reading)
+        # What a minor moves these by is the next one's estimate (#stepped).
         stat = reading.fetch(:stat)
         @old_before = stat.fetch(:old_objects)
         @shady_before = shady(stat)

@@ -59,10 +59,7 @@ module Memkit
         # kind :grown: the collector grew the heap, which the valve must not
         # take for Ruby's growth (no GC ran).
         def collected(kind, reading)
-          unless kind == :grown
-            stepped(kind, reading)
-            marked(kind, reading)
-          end
+          super
           @baseline = available(reading) if kind == :major || kind == :grown || @baseline.nil?
         end
 
@@ -141,6 +138,11 @@ module Memkit
         end
 
         private
+
+        # With full marks off Ruby asks for its majors itself
+        # (need_major_by); growth keeps pools above its free minimum
+        # (#growth_shortfall).
+        def nofree_after(_kind, _reading); end
 
         def available(reading) = reading.fetch(:stat).fetch(:heap_available_slots)
 

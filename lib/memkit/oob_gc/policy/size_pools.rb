@@ -125,15 +125,13 @@ module Memkit
           @majors = majors
         end
 
+        # kind :grown: the collector grew the heap with no GC run.
         def collected(kind, reading)
+          return if kind == :grown
+
           super
           marked(kind, reading)
-          @majors = reading.fetch(:stat).fetch(:major_gc_count)
-          if kind == :major
-            seen_major(reading)
-          elsif kind == :minor
-            @nofree_at = (reading.fetch(:stat).fetch(:count) if nofree?(reading))
-          end
+          nofree_after(kind, reading)
         end
 
         # Whether Ruby would ask for a major (NOFREE) after the minor just
@@ -168,6 +166,17 @@ module Memkit
         end
 
         private
+
+        # Ruby 3.2/3.3's own major after a minor that left a pool short (see
+        # #nofree?).
+        def nofree_after(kind, reading)
+          @majors = reading.fetch(:stat).fetch(:major_gc_count)
+          if kind == :major
+            seen_major(reading)
+          elsif kind == :minor
+            @nofree_at = (reading.fetch(:stat).fetch(:count) if nofree?(reading))
+          end
+        end
 
         # After a `kind` GC this process ran (`reading`, just after it): where
         # a minor left its sweep to the requests, the Sweep estimate (after a
