@@ -485,23 +485,56 @@ class OobGCPolicyTest < Minitest::Test
     assert_equal 0, short[0]
     # Pool 2 holds 66,283 free of its own: 25%, and 11 requests.
     assert_equal 0, short[2]
-    assert_equal 1, policy.grow_by_allocation(after_gc, short, budget: 64 << 20)
-    assert_nil policy.grow_by_allocation(after_gc, short, budget: 0), "no budget, no growth"
+    pool, plan = policy.grow_by_allocation(after_gc, short, req, budget: 64 << 20, cover: 2.1)
+    assert_equal 1, pool
+    assert_equal [0, short[1], 0], plan, "pool 1 to its free minimum and one request more"
+    assert_nil policy.grow_by_allocation(after_gc, short, req, budget: 0, cover: 2.1), "no budget, no growth"
   end
 
   # Recorded on Ruby 3.4, "huge" shape: one request allocates 432k objects
   # in pool 0, which after a GC holds 602k free: the next request fits, the
   # one after does not, so a GC runs after every request unless pool 0 grows.
-  def test_no_full_mark_grows_the_pool_lacking_the_most_bytes
-    policy = Policy::NoFullMark.new
+  def test_no_full_mark_grows_the_pool_that_runs_out_first
+    policy = Policy::NoFullMark.new(step_bytes: 64 << 20)
     req = profile([432_000, 3_000, 20_000])
     after_gc = pooled([[1_093_766, 491_040], [108_022, 90_000], [298_838, 199_835]])
     short = policy.growth_shortfall(after_gc, req, cover: 2.1)
     assert_in_delta (432_000 * 2.1) - 602_726, short[0], 1
     assert_operator short[1], :>, 0, "pool 1 is under 20% + one request too"
-    # Pool 0 lacks ~12 MB, pool 1 ~0.2 MB: pool 0 is the one to run dry.
-    assert_equal 0, policy.grow_by_allocation(after_gc, short, budget: 1)
-    assert_nil policy.grow_by_allocation(after_gc, [0, 0, 0], budget: 64 << 20), "nothing short"
+    # Pool 0 holds 1.4 requests, pool 1 six (under Ruby's free minimum):
+    # pool 0 is the one to run dry, and takes what it lacks first.
+    pool, plan = policy.grow_by_allocation(after_gc, short, req, budget: 12 << 20, cover: 2.1)
+    assert_equal 0, pool
+    assert_equal short[0], plan[0]
+    assert_equal 0, plan[2]
+    assert_operator plan[1], :<, short[1], "the budget's rest"
+    assert_nil policy.grow_by_allocation(after_gc, short, req, budget: 1, cover: 2.1), "not one slot fits"
+    assert_nil policy.grow_by_allocation(after_gc, [0, 0, 0], req, budget: 64 << 20, cover: 2.1), "nothing short"
+  end
+
+  # Recorded on Ruby 3.4, "large" shape, after the 101st request: pool 0
+  # lacks the most bytes for 10 requests; grown for all it lacked, it took
+  # the whole growth budget, and pool 2, at 6 requests, then decided how
+  # often GC ran.
+  def test_no_full_mark_raises_the_pools_that_run_out_first_together
+    policy = Policy::NoFullMark.new(step_bytes: 64 << 20)
+    req = profile([82_008, 3_012, 11_043])
+    after_gc = pooled([[818_697, 490_501], [124_398, 80_745], [266_124, 199_754]])
+    short = policy.growth_shortfall(after_gc, req, cover: 2.1, want: 10)
+    assert_operator short[0] * 40, :>, short[2] * 160, "pool 0 lacks the most bytes"
+    pool, plan = policy.grow_by_allocation(after_gc, short, req, budget: 12 << 20, cover: 2.1)
+    assert_equal 0, pool, "pool 0 runs out first"
+    assert_operator plan.each_with_index.sum { |n, i| n * (40 << i) }, :<=, 12 << 20
+    held = [328_196 + plan[0], 43_653 + plan[1], 66_370 + plan[2]].zip(req.objects).map { |f, n| f.fdiv(n) }
+    assert_in_delta held[0], held[2], 0.01, "pools 0 and 2 raised to one level"
+    assert_operator held[0], :>, 6, "past where pool 2 was"
+    assert_equal 0, plan[1], "pool 1 holds 14"
+    # The step Ruby allows bounds the plan as the budget does, and so does step_bytes.
+    _, plan = policy.grow_by_allocation(after_gc, short, req, budget: 1 << 30, cover: 2.1)
+    assert_operator plan.each_with_index.sum { |n, i| n * (40 << i) }, :<=, policy.growth_step(after_gc, 0)
+    _, plan = Policy::NoFullMark.new(step_bytes: 4 << 20).grow_by_allocation(after_gc, short, req, budget: 1 << 30,
+                                                                            cover: 2.1)
+    assert_operator plan.each_with_index.sum { |n, i| n * (40 << i) }, :<=, 4 << 20
   end
 
   # Recorded on Ruby 3.4, the Rails bench app under Unicorn: the 640-byte

@@ -401,12 +401,18 @@ module Memkit
       def size(reading)
         if @no_full_mark
           # Ruby 3.4's growth by running a pool dry: bounded by pages, at a
-          # share of the RSS when the heap is first sized. Measured RSS
-          # (RssBudget) stopped it on the app that mallocs 8 MB per request,
-          # whose RSS swings by more than the bound between GCs: 328 GCs where
-          # this ran 160 (docs/BENCHMARKS.md, "OobGC on the Rails app").
-          unless @bounded
-            @bounded = true
+          # share of the RSS when the heap is first sized, and again, beyond
+          # what it has grown by then, once the worker has served
+          # `regrow_after` requests and the heap grows for `want` of them.
+          # Taken once, the share was spent holding a young worker's next
+          # requests: on the "large" shape 1.3x Ruby alone's GC runs with
+          # 0.94x its RSS. Measured RSS (RssBudget) stopped it on the app that
+          # mallocs 8 MB per request, whose RSS swings by more than the bound
+          # between GCs: 328 GCs where this ran 160 (docs/BENCHMARKS.md,
+          # "OobGC on the Rails app").
+          stage = @seen >= @regrow_after ? :warm : :young
+          unless @bounded == stage
+            @bounded = stage
             rss = HeapGrowth.rss
             @growth.allow((rss * RSS_SHARE).to_i) if rss
           end
@@ -427,8 +433,8 @@ module Memkit
           # One growth at a time: what the last one added is known only once
           # a GC has run since (the pages come as requests allocate).
           settled = @dried_at.nil? || GC.count > @dried_at
-          @dry_pool = (@policy.grow_by_allocation(reading, short, budget: @growth.budget) if settled)
-          @dry_slots = short[@dry_pool] if @dry_pool
+          @dry_pool, @dry_plan = (@policy.grow_by_allocation(reading, short, @profile, budget: @growth.budget,
+                                                                                 cover: @cover) if settled)
           short = []
         else
           short = @policy.shortfall(reading, @profile, cover: @cover, want: want)
@@ -465,11 +471,7 @@ module Memkit
       # budget and leave the pool that runs dry first as it was: on 3.3 a GC
       # every 2 requests where Ruby alone ran one every 3.
       def driest_first(reading)
-        objects = @profile.objects
-        held = @policy.free(reading).each_with_index.map do |f, i|
-          need = objects.fetch(i, 0)
-          need.positive? ? f.fdiv(need) : Float::INFINITY
-        end
+        held = @policy.held(@policy.free(reading), @profile.objects)
         held.each_index.sort_by { |i| [held[i], i] }
       end
 
@@ -546,7 +548,9 @@ module Memkit
           allocated += 1
         end
         GC.enable unless GC.disable
-        take_pages(pool, self.class.reading, @dry_slots.to_i)
+        before = HeapGrowth.eden_bytes
+        @dry_plan.each_with_index { |slots, i| take_pages(i, slots) }
+        drop_allowance(@growth.budget - (HeapGrowth.eden_bytes - before))
         @dried_at = GC.count
         Counters.grew(0)
         true
@@ -561,11 +565,32 @@ module Memkit
       # back: on the "malloc" shape (8 MB malloc'd a request, a GC every few
       # of them) the pool never grew and asked for a `:nofree` major every
       # fourth request.
-      def take_pages(index, reading, slots)
-        h = reading.fetch(:heaps).fetch(index)
-        allowed = [slots, reading.fetch(:stat).fetch(:heap_allocatable_slots, 0),
-                   @growth.budget / h.fetch(:slot_size)].min
+      def take_pages(index, slots)
+        return unless slots.positive?
+
+        size = GC.stat_heap(index, :slot_size)
+        # Ruby counts the pages it allows in slots of the smallest size.
+        allowed = GC.stat(:heap_allocatable_slots) * Policy::SizePools::BASE_SLOT_SIZE / size
+        allowed = [slots, allowed, @growth.budget / size].min
         fill_past(index, allowed) if allowed.positive?
+      end
+
+      # The pages Ruby allowed and #take_pages left go to whichever pool
+      # runs out first during the next requests, all charged to the growth
+      # budget: on the "large" shape 164,000 slots of the main pool, beyond
+      # what the plan chose, spent the rest of the budget, and on Puma the
+      # heap grew 80 MB (RSS 1.4x no OobGC) where the bound was 64. Where
+      # they are more than the `budget` bytes left, a minor GC that
+      # allocation did not start takes them back (and frees #take_pages'
+      # fillers). A pending major does too, and runs next (#run).
+      def drop_allowance(budget)
+        allowed = GC.stat(:heap_allocatable_slots) * Policy::SizePools::BASE_SLOT_SIZE
+        return unless allowed > budget
+        return if GC.latest_gc_info(:need_major_by)
+
+        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        GC.start(full_mark: false, immediate_sweep: true)
+        Counters.record(false, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
       end
 
       # Fills pool `index` past its free slots by `slots`, with objects

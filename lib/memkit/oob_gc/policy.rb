@@ -243,6 +243,15 @@ module Memkit
       # pool a request barely uses).
       def reserve(need, headroom = @headroom) = (need * headroom) + [SLACK, need].min
 
+      # Requests each pool's `free` slots hold, at `objects` per request
+      # (infinite for a pool requests do not use).
+      def held(free, objects)
+        free.each_with_index.map do |f, i|
+          need = objects.fetch(i, 0)
+          need.positive? ? f.fdiv(need) : Float::INFINITY
+        end
+      end
+
       # Whether the next request cannot fit even in a heap just collected.
       def starved?(reading, profile)
         free(reading).each_with_index.any? { |f, i| f < profile.objects.fetch(i, 0) }
