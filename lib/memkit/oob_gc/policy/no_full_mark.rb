@@ -184,8 +184,6 @@ module Memkit
         # (#growth_shortfall).
         def nofree_after(_kind, _reading); end
 
-        # `reading` without the shared allocatable slots, which the next GC
-        # that allocation did not start sets back to zero.
         # Adds to `plan` the slots that raise the pools holding the fewest
         # requests to one level, at most `cap` requests, within `bytes`;
         # returns the bytes added. Bisects the level: a pool at `held`
@@ -219,6 +217,8 @@ module Memkit
           cost.(slots)
         end
 
+        # `reading` without the shared allocatable slots, which the next GC
+        # that allocation did not start sets back to zero.
         def own(reading) = reading.merge(stat: reading.fetch(:stat).merge(heap_allocatable_slots: 0))
 
         def available(reading) = reading.fetch(:stat).fetch(:heap_available_slots)
