@@ -45,6 +45,12 @@ module Memkit
       # its limit.
       Quiet = Struct.new(:count, :base, :total, :malloc, :margins, :version, :minor, :oldmalloc_room)
 
+      # Ruby 3.4, after a growth that left pools to take their pages
+      # (#take_plan): the GC that allowed the pages, the eden bytes past
+      # which the rest is taken back (#spent), and the slots per pool left to
+      # take as of `eden`, the pool's slots then (#take_left).
+      Pending = Struct.new(:count, :limit, :left, :eden)
+
       # Whether GC.latest_gc_info says when Ruby has asked for a major (3.3+).
       NEED_MAJOR = GC.latest_gc_info.key?(:need_major_by)
 
@@ -162,7 +168,7 @@ module Memkit
           malloc = GC.stat(:malloc_increase_bytes)
           learn(token, count, now, malloc)
           @last = [count, now, malloc]
-          spent if @spend
+          spent if @pending
           next if quiet?(count, now, malloc)
 
           @quiet = nil
@@ -249,6 +255,8 @@ module Memkit
         [@policy.decide(reading, @profile, headroom: headroom), reading]
       end
 
+      # The policy's GC due, the sweep finished and the heap sized first
+      # where that changes it.
       def decide_swept(reading, headroom)
         due = @policy.decide(reading, @profile, headroom: headroom)
         return [due, reading] unless due && (@unsized || reading.fetch(:info)[:state] == :sweeping)
@@ -569,7 +577,7 @@ module Memkit
         budget = @growth.budget - (HeapGrowth.eden_bytes - before)
         spend = [left.each_with_index.sum { |slots, i| slots * GC.stat_heap(i, :slot_size) }, budget].min
         if spend.positive?
-          @spend = [GC.count, HeapGrowth.eden_bytes + spend, left, Collector.eden_slots]
+          @pending = Pending.new(GC.count, HeapGrowth.eden_bytes + spend, left, Collector.eden_slots)
         else
           drop_allowance(budget)
         end
@@ -586,11 +594,10 @@ module Memkit
       # took all 18-28 MB Ruby allowed, the heap grew 72 MB where the bound
       # was 64, RSS 1.34x no OobGC.
       def spent
-        count, limit = @spend
-        @spend = nil unless count == GC.count
-        return unless @spend && HeapGrowth.eden_bytes >= limit
+        @pending = nil unless @pending.count == GC.count
+        return unless @pending && HeapGrowth.eden_bytes >= @pending.limit
 
-        @spend = nil
+        @pending = nil
         return unless drop_allowance(0)
 
         @policy.collected(:minor, self.class.reading)
@@ -604,15 +611,16 @@ module Memkit
       # pool came first, and took the pages back, often enough for 1.12x
       # Ruby alone's GC runs in one process (1.00x with this).
       def take_left
-        count, limit, left, eden = @spend
-        return false unless count == GC.count
+        pending = @pending
+        return false unless pending&.count == GC.count
 
         now = Collector.eden_slots
-        left = left.each_index.map { |i| [left[i] - (now[i] - eden[i]), 0].max }
+        left = pending.left.each_index.map { |i| [pending.left[i] - (now[i] - pending.eden[i]), 0].max }
         rest = take_plan(left)
         return false if rest == left
 
-        @spend = [count, limit, rest, Collector.eden_slots]
+        pending.left = rest
+        pending.eden = Collector.eden_slots
         true
       end
 
