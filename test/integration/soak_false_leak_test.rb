@@ -18,14 +18,13 @@ class SoakFalseLeakTest < Minitest::Test
   HELLO = File.join(Memkit::TestHelpers::ROOT, "bench", "soak", "hello.ru")
 
   # [requests, sample_every] (nil: the default, requests / 200). About 10 ms
-  # of forced GC per sample: the matrix is chosen for ~1,200 samples an app.
+  # of forced GC per sample: each regime once an app, ~600 samples an app;
+  # bench/soak_false_leaks.rb runs every length.
   MATRIX = {
-    HELLO => [[10, 1], [50, 1], [200, 1], [1_000, nil], [2_000, 10], [5_000, nil], [20_000, nil],
-              [200_000, 2_000]],
-    "bounded_cache.ru" => [[10, 1], [200, 1], [2_000, nil], [2_500, nil], [3_000, nil], [6_000, 60],
-                           [20_000, nil], [200_000, 2_000]],
+    HELLO => [[10, 1], [200, 1], [2_000, 10], [20_000, nil], [200_000, 2_000]],
+    "bounded_cache.ru" => [[10, 1], [200, 1], [2_500, nil], [6_000, 60], [200_000, 2_000]],
     "churn.ru" => [[10, 1], [200, 1], [3_000, nil], [20_000, 500]],
-    "rails_like.ru" => [[10, 1], [200, 1], [2_000, 10], [5_000, nil], [20_000, 1_000]]
+    "rails_like.ru" => [[10, 1], [200, 1], [2_000, 10], [20_000, 1_000]]
   }.freeze
 
   def test_no_leak_verdict_on_apps_that_do_not_leak
