@@ -102,8 +102,13 @@ module OobgcBench
         boot_env: s.boot_env, policy: s.policy }
     end
 
+    # A worker that served no request since the last reset has only warm-up
+    # figures: it writes nothing.
     def write
       return if @requests.zero?
+
+      mtime = File.mtime(File.join(@dir, "reset")) rescue nil
+      return if mtime && mtime != @reset_seen
 
       File.write(File.join(@dir, "gc-#{Process.pid}.json"),
                  JSON.generate(requests: @requests, gc_total: GC.count - @base, gc_inside: @inside, gc_inside_major: @inside_major,
