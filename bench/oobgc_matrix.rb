@@ -130,7 +130,7 @@ module OobgcMatrix
         Memkit::ServersHelper.stop_server(srv)
       end
       probes = OobgcMatrix.probes(dir)
-      warn "#{kind} #{shape} #{mode}: #{probes.size} of 2 workers served the measured requests" if probes.size < 2
+      warn "#{kind} #{shape} #{mode}: #{probes.size} of 2 workers wrote figures (none from a worker that served no request after the reset)" if probes.size < 2
       oob = probes.map { |p| p["oob"] }.compact
       OobgcBenchRunner.parse_wrk(out).merge(
         gc_total: probes.sum { |p| p["gc_total"] }, gc_inside: probes.sum { |p| p["gc_inside"] },
