@@ -167,8 +167,8 @@ module Memkit
           want > cover ? level_driest(short, reading, free, profile) : short
         end
 
-        # A heap's free slots after a GC within this gap of an even level are
-        # left as they are.
+        # A driest pool within 10% of the next one's level is left as it is
+        # (#level_driest): no growth for a few slots at every GC.
         LEVEL_GAP = 0.9
 
         # The pool that holds the fewest requests after a GC sets how often GC
