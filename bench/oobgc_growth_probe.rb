@@ -30,7 +30,7 @@ module GrowthProbe
     pools = Array.new(5) { |i| h = GC.stat_heap(i); "#{i}:#{h[:heap_eden_slots]}" }.join(" ")
     LOG << format("gc=%d seen=%d eden=%.1fMB alloc0=%d alloc=%d budget=%.1fMB grown=%.1fMB dry=%s dry_slots=%s rss=%.1fMB %s prof=%s",
                   GC.count, @seen, e0 / 1048576.0, a0, GC.stat(:heap_allocatable_slots), @growth.budget / 1048576.0,
-                  @growth.grown_bytes / 1048576.0, @dry_pool.inspect, @dry_slots.inspect,
+                  @growth.grown_bytes / 1048576.0, @dry&.instance_variable_get(:@pool).inspect, @dry&.instance_variable_get(:@plan).inspect,
                   (Memkit::OobGC::HeapGrowth.rss || 0) / 1048576.0, pools, @profile.objects.inspect)
     File.write(File.join(DIR, "growth.#{Process.pid}.txt"), "#{LOG.join("\n")}\n")
   end

@@ -6,6 +6,7 @@ require_relative "profile"
 require_relative "policy"
 require_relative "counters"
 require_relative "heap_growth"
+require_relative "dry_growth"
 require_relative "rss_budget"
 require_relative "../out_of_band"
 
@@ -44,12 +45,6 @@ module Memkit
       # would be a minor with oldmalloc still `oldmalloc_room` bytes short of
       # its limit.
       Quiet = Struct.new(:count, :base, :total, :malloc, :margins, :version, :minor, :oldmalloc_room)
-
-      # Ruby 3.4, after a growth that left pools to take their pages
-      # (#take_plan): the GC that allowed the pages, the eden bytes past
-      # which the rest is taken back (#spent), and the slots per pool left to
-      # take as of `eden`, the pool's slots then (#take_left).
-      Pending = Struct.new(:count, :limit, :left, :eden)
 
       # Whether GC.latest_gc_info says when Ruby has asked for a major (3.3+).
       NEED_MAJOR = GC.latest_gc_info.key?(:need_major_by)
@@ -140,6 +135,7 @@ module Memkit
         @grown_at = nil # @seen when the heap was last grown
         @full_mark_off = nil # pid where GC.config(rgengc_allow_full_mark: false) was set
         @no_full_mark = @policy.is_a?(Policy::NoFullMark)
+        @dry = DryGrowth.new(policy: @policy, growth: @growth) if @no_full_mark
         @quiet = nil # see #quiet
         OutOfBand.register(:oob_gc, order: 50) { OobGC.out_of_band }
         Counters.update(policy: @policy.name)
@@ -168,7 +164,7 @@ module Memkit
           malloc = GC.stat(:malloc_increase_bytes)
           learn(token, count, now, malloc)
           @last = [count, now, malloc]
-          spent if @pending
+          @cycle = [GC.count, @seen] if @dry&.spent
           next if quiet?(count, now, malloc)
 
           @quiet = nil
@@ -246,10 +242,10 @@ module Memkit
       # left the sweep lazy did not size the heap (#run), it is sized before
       # the next one, the sweep done by then. A minor GC found due while pools
       # the last growth left out have not taken their pages is decided again
-      # once they have (#take_left).
+      # once they have (DryGrowth#take_left).
       def decide(reading, headroom)
         due, reading = decide_swept(reading, headroom)
-        return [due, reading] unless due == :minor && take_left
+        return [due, reading] unless due == :minor && @dry&.take_left
 
         reading = self.class.reading
         [@policy.decide(reading, @profile, headroom: headroom), reading]
@@ -393,13 +389,12 @@ module Memkit
         reading = finish_sweep(reading)
         @policy.collecting(reading, kind)
         majors = GC.stat(:major_gc_count)
-        pool = growing_pool if kind == :minor
-        ran = pool && run_dry(pool, reading)
+        ran = kind == :minor && @dry&.run_due_minor(reading)
         ran ||= kind == :minor && lazy && @policy.malloc_due?(reading, @profile, headroom: headroom) &&
                 overrun_malloc(reading)
         GC.start(full_mark: kind == :major, immediate_sweep: !lazy) unless ran
-        # A GC Ruby started (#run_dry, #overrun_malloc) is a major if Ruby had
-        # one pending that the reading did not show (Ruby 3.1 does not say).
+        # A GC Ruby started (DryGrowth, #overrun_malloc) is a major if Ruby
+        # had one pending that the reading did not show (3.1 does not say).
         kind = :major if ran && GC.stat(:major_gc_count) != majors
         Counters.record(kind == :major, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
         @policy.collected(kind, self.class.reading)
@@ -451,14 +446,8 @@ module Memkit
         # only to hold the next `cover`.
         want = @seen >= @regrow_after ? @want : @cover
         if @no_full_mark
-          count_dried
-          # Grown by the next minor GC due instead (#run_dry): no GC of its own.
-          short = grow_freely(reading, @policy.growth_shortfall(reading, @profile, cover: @cover, want: want))
-          # One growth at a time: what the last one added is known only once
-          # a GC has run since (the pages come as requests allocate).
-          settled = @dried_at.nil? || GC.count > @dried_at
-          @dry_pool, @dry_plan = (@policy.grow_by_allocation(reading, short, @profile, budget: @growth.budget,
-                                                                                 cover: @cover) if settled)
+          # Grown by the next minor GC due instead: no GC of its own.
+          @dry.plan(reading, @profile, cover: @cover, want: want)
           short = []
         else
           short = @policy.shortfall(reading, @profile, cover: @cover, want: want)
@@ -499,25 +488,6 @@ module Memkit
         held.each_index.sort_by { |i| [held[i], i] }
       end
 
-      # A pool below its initial slots takes new pages with no GC (Ruby
-      # 3.4): filling its free slots and `slots` more, with objects dropped
-      # at once, adds `slots` slots of pages. The next GC frees the objects;
-      # the pool keeps the pages (Ruby frees none below its initial slots).
-      # Returns `short` less the pools grown so.
-      def grow_freely(reading, short)
-        short.each_with_index.map do |slots, i|
-          next slots unless slots.positive? && @policy.grows_freely?(reading, i, slots)
-
-          h = reading.fetch(:heaps).fetch(i)
-          next slots if slots * h.fetch(:slot_size) > @growth.budget
-
-          @dry_base ||= HeapGrowth.eden_bytes
-          fill_past(i, slots)
-          Counters.grew(0)
-          0
-        end
-      end
-
       # Runs the GC due for malloc'd bytes as Ruby's own: mallocs (without
       # touching) what is left below the malloc limit, so that Ruby collects
       # for the overrun. At that GC Ruby raises the limit to 1.4 times what was
@@ -534,189 +504,6 @@ module Memkit
         count = GC.count
         String.new(capacity: bytes)
         GC.count != count
-      end
-
-      # Ruby 3.4+ with full marks off: the pool whose running dry makes the
-      # minor GC due grow the heap, chosen after the last GC (see
-      # Policy::NoFullMark#grow_by_allocation).
-      def growing_pool
-        pool = @dry_pool
-        @dry_pool = nil
-        pool
-      end
-
-      # Slots allocated beyond the pool's free count before #run_dry stops
-      # waiting for Ruby to collect (GC.disable'd, or a count that was off).
-      RUN_DRY_MARGIN = 10_000
-
-      # Runs the due minor GC as Ruby's own: allocates garbage in `pool`
-      # until the pool is dry and Ruby collects, which then grows the heap
-      # (see Policy::NoFullMark#grow_by_allocation). Ruby sweeps that GC
-      # lazily; GC.disable finishes the sweep (the policies read free slots
-      # from a finished sweep). Returns false, with nothing collected, if Ruby
-      # did not collect within the pool's free slots and a margin.
-      def run_dry(pool, reading)
-        # GC turned off by the app: no GC would come (GC.start then runs none either).
-        return false if GC.disable
-
-        GC.enable
-        @dry_base ||= HeapGrowth.eden_bytes
-        count = GC.count
-        limit = @policy.free(reading).fetch(pool) + RUN_DRY_MARGIN
-        length = HeapGrowth.filler_length(pool)
-        allocated = 0
-        while GC.count == count
-          return false if allocated > limit
-
-          Array.new(length)
-          allocated += 1
-        end
-        GC.enable unless GC.disable
-        before = HeapGrowth.eden_bytes
-        left = take_plan(@dry_plan)
-        budget = @growth.budget - (HeapGrowth.eden_bytes - before)
-        spend = [left.each_with_index.sum { |slots, i| slots * GC.stat_heap(i, :slot_size) }, budget].min
-        if spend.positive?
-          @pending = Pending.new(GC.count, HeapGrowth.eden_bytes + spend, left, Collector.eden_slots)
-        else
-          drop_allowance(budget)
-        end
-        @dried_at = GC.count
-        Counters.grew(0)
-        true
-      end
-
-      # Where #take_plan left pools to grow: once the heap has gained the
-      # plan's bytes since the GC that allowed the pages, a minor GC that
-      # allocation did not start takes the rest back (#drop_allowance).
-      # Every pool counts the pages allowed as free, and the first to run
-      # out takes them: left alone, the main pool of the "large" shape (3.4)
-      # took all 18-28 MB Ruby allowed, the heap grew 72 MB where the bound
-      # was 64, RSS 1.34x no OobGC.
-      def spent
-        @pending = nil unless @pending.count == GC.count
-        return unless @pending && HeapGrowth.eden_bytes >= @pending.limit
-
-        @pending = nil
-        return unless drop_allowance(0)
-
-        @policy.collected(:minor, self.class.reading)
-        @cycle = [GC.count, @seen]
-      end
-
-      # A minor GC is due while pools #take_plan left out have not taken
-      # their slots of the pages Ruby allowed: their free slots are fewest
-      # now, so they take them now, as far as FILL_SLOTS goes. Returns
-      # whether any did. On the "large" shape (3.4) a GC due for another
-      # pool came first, and took the pages back, often enough for 1.12x
-      # Ruby alone's GC runs in one process (1.00x with this).
-      def take_left
-        pending = @pending
-        return false unless pending&.count == GC.count
-
-        now = Collector.eden_slots
-        left = pending.left.each_index.map { |i| [pending.left[i] - (now[i] - pending.eden[i]), 0].max }
-        rest = take_plan(left)
-        return false if rest == left
-
-        pending.left = rest
-        pending.eden = Collector.eden_slots
-        true
-      end
-
-      # Slots one growth fills at most (#take_plan): about 20 ms at the 0.1 us
-      # a filler costs, a minor GC's pause on the "large" shape.
-      FILL_SLOTS = 200_000
-
-      # Has each pool take its slots of the plan (#take_pages), cheapest
-      # first, while the slots filled stay within FILL_SLOTS. Returns the
-      # slots per pool left to take (#spent, #take_left). A pool takes
-      # new pages only once its free slots are used, so the fillers fill
-      # those first: right after a GC the main pool of the "large" shape
-      # (3.4) held most of ten requests free, and filling it then held
-      # Puma's next request 60-140 ms (p99 6-10x no OobGC at 60% load).
-      def take_plan(plan)
-        cost = plan.each_index.map { |i| free_slots(i) + plan[i] if plan[i].positive? }
-        left = plan.dup
-        budget = FILL_SLOTS
-        cost.each_index.select { |i| cost[i] }.sort_by { |i| cost[i] }.each do |i|
-          break if cost[i] > budget
-
-          budget -= cost[i]
-          take_pages(i, plan[i])
-          left[i] = 0
-        end
-        left
-      end
-
-      # Has pool `index` take up to `slots` slots of the pages Ruby now
-      # allows (heap_allocatable_slots) within the growth budget, at once:
-      # its free slots and those, filled with objects dropped at once, which
-      # the next GC frees while the pool keeps the pages. Left to the
-      # requests, the pages come only once a request has used the pool's free
-      # slots, and a GC started by GC.start before then takes the allowance
-      # back: on the "malloc" shape (8 MB malloc'd a request, a GC every few
-      # of them) the pool never grew and asked for a `:nofree` major every
-      # fourth request.
-      def take_pages(index, slots)
-        return unless slots.positive?
-
-        size = GC.stat_heap(index, :slot_size)
-        # Ruby counts the pages it allows in slots of the smallest size.
-        allowed = GC.stat(:heap_allocatable_slots) * Policy::SizePools::BASE_SLOT_SIZE / size
-        allowed = [slots, allowed, @growth.budget / size].min
-        fill_past(index, allowed) if allowed.positive?
-      end
-
-      # The pages Ruby allowed and #take_pages left go to whichever pool
-      # runs out first during the next requests, all charged to the growth
-      # budget: on the "large" shape 164,000 slots of the main pool, beyond
-      # what the plan chose, spent the rest of the budget, and on Puma the
-      # heap grew 80 MB (RSS 1.4x no OobGC) where the bound was 64. Where
-      # they are more than the `budget` bytes left, a minor GC that
-      # allocation did not start takes them back (and frees #take_pages'
-      # fillers). A pending major does too, and runs next (#run).
-      def drop_allowance(budget)
-        allowed = GC.stat(:heap_allocatable_slots) * Policy::SizePools::BASE_SLOT_SIZE
-        return unless allowed > budget
-        return if GC.latest_gc_info(:need_major_by)
-
-        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-        GC.start(full_mark: false, immediate_sweep: true)
-        Counters.record(false, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
-        true
-      end
-
-      # Fills pool `index` past its free slots by `slots`, with objects
-      # dropped at once: the pool takes `slots` slots of new pages, and the
-      # next GC frees the objects. Mid-sweep the allocation would sweep pages
-      # instead of adding them, so the sweep is finished first.
-      def fill_past(index, slots)
-        GC.enable unless GC.disable
-        Array.new(free_slots(index) + slots) { Array.new(HeapGrowth.filler_length(index)) }
-        nil
-      end
-
-      # Pool `index`'s free slots, the sweep done.
-      def free_slots(index)
-        heap = GC.stat_heap(index)
-        [heap.fetch(:heap_eden_slots) - (heap.fetch(:total_allocated_objects) - heap.fetch(:total_freed_objects)), 0].max
-      end
-
-      # The object pages the heap has gained since the first #run_dry, taken
-      # as the heap grows (the pages Ruby allows after a GC come as requests
-      # allocate), against the growth budget. Ruby's own growth since counts
-      # too: the bound is on the heap.
-      def count_dried
-        return unless @dry_base
-
-        added = HeapGrowth.eden_bytes - @dry_base - @growth.grown_bytes
-        return unless added.positive?
-
-        @growth.record(added)
-        Counters.grew(added, runs: 0)
-        # Growth the collector caused is not the valve's case.
-        @policy.collected(:grown, self.class.reading)
       end
 
       # A heap that even just collected cannot hold one request gains

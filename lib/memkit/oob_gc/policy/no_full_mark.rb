@@ -78,7 +78,7 @@ module Memkit
         # GC.start, when pools lack slots: [pool, plan], or nil. `pool` is the
         # one to run dry, so that the minor GC due is Ruby's own and lets the
         # heap grow by #growth_step; `plan` is the slots each pool should take
-        # of that step (#take_pages in the collector), within `budget` bytes
+        # of that step (DryGrowth#take_pages), within `budget` bytes
         # and STEP_BYTES.
         # `reading` is the heap just after a GC; `short` is #growth_shortfall.
         #

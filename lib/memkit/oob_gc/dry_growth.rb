@@ -1,0 +1,260 @@
+# frozen_string_literal: true
+
+module Memkit
+  class OobGC
+    # Ruby 3.4+ with full marks off (Policy::NoFullMark): the heap grows
+    # only at a GC that allocation started (heap_prepare), as pages any pool
+    # may take, and a major grows a pool only if its sweep freed more than it
+    # found free, which a major run right after a minor never does. A heap
+    # collected only by GC.start between requests never grew, and a pool
+    # swept to under 20% free asked for a `:nofree` major every third minor.
+    #
+    # So after a GC that left pools short (#plan), the next minor GC due runs
+    # as Ruby's own (#run_due_minor): garbage is allocated in the pool the
+    # policy chose until it is dry and Ruby collects and allows the heap more
+    # pages. No GC is added: it is the GC that was due. The pools then take
+    # those pages by the policy's plan (#take_plan), at once as far as
+    # FILL_SLOTS goes, the rest as their requests need them or just before
+    # the next minor GC (#take_left); once they have taken the plan's bytes,
+    # a minor GC takes back what Ruby allowed beyond it (#spent). A pool
+    # below its initial slots grows with no GC at all (#grow_freely).
+    # Everything added counts against `growth`, the collector's budget.
+    class DryGrowth
+      # After a growth that left pools to take their pages (#take_plan): the
+      # GC that allowed the pages, the eden bytes past which the rest is taken
+      # back (#spent), and the slots per pool left to take as of `eden`, the
+      # pools' slots then (#take_left).
+      Pending = Struct.new(:count, :limit, :left, :eden)
+
+      # Slots allocated beyond the pool's free count before #run_dry stops
+      # waiting for Ruby to collect (GC.disable'd, or a count that was off).
+      RUN_DRY_MARGIN = 10_000
+
+      # Slots one growth fills at most (#take_plan): about 20 ms at the 0.1 us
+      # a filler costs, a minor GC's pause on the "large" shape.
+      FILL_SLOTS = 200_000
+
+      def initialize(policy:, growth:)
+        @policy = policy
+        @growth = growth
+        @pool = nil # the pool to run dry at the next minor GC due, and
+        @plan = nil # the slots each pool takes of the pages Ruby allows then
+        @pending = nil # a Pending while pools still have pages to take
+        @dry_base = nil # eden bytes before the first growth
+        @dried_at = nil # GC.count after the last growth
+      end
+
+      # After a GC (`reading`): counts what the last growth added, grows
+      # small pools freely, and plans the next growth, for the heap to hold
+      # `cover` requests and, past a worker's first requests, `want`. One
+      # growth at a time: what the last one added is known only once a GC
+      # has run since (the pages come as requests allocate).
+      def plan(reading, profile, cover:, want:)
+        count_dried
+        short = grow_freely(reading, @policy.growth_shortfall(reading, profile, cover: cover, want: want))
+        settled = @dried_at.nil? || GC.count > @dried_at
+        @pool, @plan = (@policy.grow_by_allocation(reading, short, profile, budget: @growth.budget, cover: cover) if settled)
+      end
+
+      # Runs the minor GC due as Ruby's own where a growth is planned
+      # (#run_dry). Returns whether Ruby collected; if not, the caller
+      # collects.
+      def run_due_minor(reading)
+        pool = @pool
+        @pool = nil
+        pool ? run_dry(pool, reading) : false
+      end
+
+      # After each unit of work, where #take_plan left pools to grow: once
+      # the heap has gained the plan's bytes since the GC that allowed the
+      # pages, a minor GC that allocation did not start takes the rest back
+      # (#drop_allowance). Every pool counts the pages allowed as free, and
+      # the first to run out takes them: left alone, the main pool of the
+      # "large" shape took all 18-28 MB Ruby allowed, the heap grew 72 MB
+      # where the bound was 64, RSS 1.34x no OobGC. Returns whether it ran
+      # that GC.
+      def spent
+        return false unless @pending
+
+        @pending = nil unless @pending.count == GC.count
+        return false unless @pending && HeapGrowth.eden_bytes >= @pending.limit
+
+        @pending = nil
+        return false unless drop_allowance(0)
+
+        @policy.collected(:minor, Collector.reading)
+        true
+      end
+
+      # A minor GC is due while pools #take_plan left out have not taken
+      # their slots of the pages Ruby allowed: their free slots are fewest
+      # now, so they take them now, as far as FILL_SLOTS goes. Returns
+      # whether any did. On the "large" shape (3.4) a GC due for another
+      # pool came first, and took the pages back, often enough for 1.12x
+      # Ruby alone's GC runs in one process (1.00x with this).
+      def take_left
+        pending = @pending
+        return false unless pending&.count == GC.count
+
+        now = Collector.eden_slots
+        left = pending.left.each_index.map { |i| [pending.left[i] - (now[i] - pending.eden[i]), 0].max }
+        rest = take_plan(left)
+        return false if rest == left
+
+        pending.left = rest
+        pending.eden = Collector.eden_slots
+        true
+      end
+
+      private
+
+      # Runs the due minor GC as Ruby's own: allocates garbage in `pool`
+      # until the pool is dry and Ruby collects, which then grows the heap
+      # (see Policy::NoFullMark#grow_by_allocation). Ruby sweeps that GC
+      # lazily; GC.disable finishes the sweep (the policies read free slots
+      # from a finished sweep). Returns false, with nothing collected, if Ruby
+      # did not collect within the pool's free slots and a margin.
+      def run_dry(pool, reading)
+        # GC turned off by the app: no GC would come (GC.start then runs none either).
+        return false if GC.disable
+
+        GC.enable
+        @dry_base ||= HeapGrowth.eden_bytes
+        count = GC.count
+        limit = @policy.free(reading).fetch(pool) + RUN_DRY_MARGIN
+        length = HeapGrowth.filler_length(pool)
+        allocated = 0
+        while GC.count == count
+          return false if allocated > limit
+
+          Array.new(length)
+          allocated += 1
+        end
+        GC.enable unless GC.disable
+        before = HeapGrowth.eden_bytes
+        left = take_plan(@plan)
+        budget = @growth.budget - (HeapGrowth.eden_bytes - before)
+        spend = [left.each_with_index.sum { |slots, i| slots * GC.stat_heap(i, :slot_size) }, budget].min
+        if spend.positive?
+          @pending = Pending.new(GC.count, HeapGrowth.eden_bytes + spend, left, Collector.eden_slots)
+        else
+          drop_allowance(budget)
+        end
+        @dried_at = GC.count
+        Counters.grew(0)
+        true
+      end
+
+      # A pool below its initial slots takes new pages with no GC (Ruby
+      # 3.4): filling its free slots and `slots` more, with objects dropped
+      # at once, adds `slots` slots of pages. The next GC frees the objects;
+      # the pool keeps the pages (Ruby frees none below its initial slots).
+      # Returns `short` less the pools grown so.
+      def grow_freely(reading, short)
+        short.each_with_index.map do |slots, i|
+          next slots unless slots.positive? && @policy.grows_freely?(reading, i, slots)
+
+          h = reading.fetch(:heaps).fetch(i)
+          next slots if slots * h.fetch(:slot_size) > @growth.budget
+
+          @dry_base ||= HeapGrowth.eden_bytes
+          fill_past(i, slots)
+          Counters.grew(0)
+          0
+        end
+      end
+
+      # Has each pool take its slots of the plan (#take_pages), cheapest
+      # first, while the slots filled stay within FILL_SLOTS. Returns the
+      # slots per pool left to take (#spent, #take_left). A pool takes
+      # new pages only once its free slots are used, so the fillers fill
+      # those first: right after a GC the main pool of the "large" shape
+      # (3.4) held most of ten requests free, and filling it then held
+      # Puma's next request 60-140 ms (p99 6-10x no OobGC at 60% load).
+      def take_plan(plan)
+        cost = plan.each_index.map { |i| free_slots(i) + plan[i] if plan[i].positive? }
+        left = plan.dup
+        budget = FILL_SLOTS
+        cost.each_index.select { |i| cost[i] }.sort_by { |i| cost[i] }.each do |i|
+          break if cost[i] > budget
+
+          budget -= cost[i]
+          take_pages(i, plan[i])
+          left[i] = 0
+        end
+        left
+      end
+
+      # Has pool `index` take up to `slots` slots of the pages Ruby now
+      # allows (heap_allocatable_slots) within the growth budget, at once:
+      # its free slots and those, filled with objects dropped at once, which
+      # the next GC frees while the pool keeps the pages. Left to the
+      # requests, the pages come only once a request has used the pool's free
+      # slots, and a GC started by GC.start before then takes the allowance
+      # back: on the "malloc" shape (8 MB malloc'd a request, a GC every few
+      # of them) the pool never grew and asked for a `:nofree` major every
+      # fourth request.
+      def take_pages(index, slots)
+        return unless slots.positive?
+
+        size = GC.stat_heap(index, :slot_size)
+        # Ruby counts the pages it allows in slots of the smallest size.
+        allowed = GC.stat(:heap_allocatable_slots) * Policy::SizePools::BASE_SLOT_SIZE / size
+        allowed = [slots, allowed, @growth.budget / size].min
+        fill_past(index, allowed) if allowed.positive?
+      end
+
+      # The pages Ruby allowed and #take_pages left go to whichever pool
+      # runs out first during the next requests, all charged to the growth
+      # budget: on the "large" shape 164,000 slots of the main pool, beyond
+      # what the plan chose, spent the rest of the budget, and on Puma the
+      # heap grew 80 MB (RSS 1.4x no OobGC) where the bound was 64. Where
+      # they are more than the `budget` bytes left, a minor GC that
+      # allocation did not start takes them back (and frees #take_pages'
+      # fillers). A pending major does too, and runs next (Collector#run).
+      def drop_allowance(budget)
+        allowed = GC.stat(:heap_allocatable_slots) * Policy::SizePools::BASE_SLOT_SIZE
+        return unless allowed > budget
+        return if GC.latest_gc_info(:need_major_by)
+
+        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        GC.start(full_mark: false, immediate_sweep: true)
+        Counters.record(false, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
+        true
+      end
+
+      # Fills pool `index` past its free slots by `slots`, with objects
+      # dropped at once: the pool takes `slots` slots of new pages, and the
+      # next GC frees the objects. Mid-sweep the allocation would sweep pages
+      # instead of adding them, so the sweep is finished first.
+      def fill_past(index, slots)
+        GC.enable unless GC.disable
+        Array.new(free_slots(index) + slots) { Array.new(HeapGrowth.filler_length(index)) }
+        nil
+      end
+
+      # Pool `index`'s free slots, the sweep done.
+      def free_slots(index)
+        heap = GC.stat_heap(index)
+        [heap.fetch(:heap_eden_slots) - (heap.fetch(:total_allocated_objects) - heap.fetch(:total_freed_objects)), 0].max
+      end
+
+      # The object pages the heap has gained since the first #run_dry, taken
+      # as the heap grows (the pages Ruby allows after a GC come as requests
+      # allocate), against the growth budget. Ruby's own growth since counts
+      # too: the bound is on the heap.
+      def count_dried
+        return unless @dry_base
+
+        added = HeapGrowth.eden_bytes - @dry_base - @growth.grown_bytes
+        return unless added.positive?
+
+        @growth.record(added)
+        Counters.grew(added, runs: 0)
+        # Growth the collector caused is not the valve's case.
+        @policy.collected(:grown, Collector.reading)
+      end
+
+    end
+  end
+end
