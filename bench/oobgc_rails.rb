@@ -123,8 +123,18 @@ module OobgcRails
     Process.kill(server == "unicorn" ? :QUIT : :TERM, pid) rescue nil
     deadline = now + 30
     sleep 0.1 while now < deadline && !Process.wait(pid, Process::WNOHANG)
+    # A Puma master can exit before its workers have run their at_exit:
+    # they get until the deadline too.
+    sleep 0.1 while now < deadline && group_alive?(pid)
     Process.kill(:KILL, -pid) rescue nil
     Process.wait(pid) rescue nil
+  end
+
+  def group_alive?(pgid)
+    Process.kill(0, -pgid)
+    true
+  rescue Errno::ESRCH
+    false
   end
 
   def wrk(port, seconds, connections, pace, script)

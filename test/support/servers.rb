@@ -82,6 +82,10 @@ module Memkit
         end
         sleep 0.05
       end
+      # Workers can outlive their master while they run their at_exit (a
+      # Puma master does not always wait for them): killed right after the
+      # master, a worker's figures for a benchmark were lost.
+      sleep 0.05 while group_alive?(server.pid) && Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
     rescue Errno::ESRCH, Errno::ECHILD
       nil
     ensure
@@ -90,6 +94,14 @@ module Memkit
       rescue Errno::ESRCH, Errno::EPERM
         nil
       end
+    end
+
+    # Whether a process of the process group `pgid` is still there.
+    def group_alive?(pgid)
+      Process.kill(0, -pgid)
+      true
+    rescue Errno::ESRCH
+      false
     end
 
     def answering?(port, path)

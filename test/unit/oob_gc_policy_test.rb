@@ -537,30 +537,6 @@ class OobGCPolicyTest < Minitest::Test
     assert_operator plan.each_with_index.sum { |n, i| n * (40 << i) }, :<=, 4 << 20
   end
 
-  # Recorded on Ruby 3.4, "medium" shape, after a GC: pool 0 holds 30
-  # requests, pools 1 and 2 hold 46 and 37.9, and none is short of 10.
-  # Pool 0 sets the pace, so it is raised to pool 2's level; not for a young
-  # worker (want == cover), nor past what the malloc limit holds.
-  def test_no_full_mark_raises_the_driest_pool_to_the_next_ones_level
-    policy = Policy::NoFullMark.new
-    req = profile([15_377, 566, 2_095])
-    after_gc = pooled([[967_721, 506_411], [121_121, 95_000], [340_927, 261_472]])
-    short = policy.growth_shortfall(after_gc, req, cover: 2.1, want: 10)
-    held2 = (340_927 - 261_472).fdiv(2_095)
-    assert_in_delta (held2 * 15_377) - (967_721 - 506_411), short[0], 1
-    assert_equal [0, 0], short[1..], "the other pools hold more than 10"
-    pool, plan = policy.grow_by_allocation(after_gc, short, req, budget: 64 << 20, cover: 2.1)
-    assert_equal [0, short[0], 0, 0], [pool, *plan]
-
-    assert_equal [0, 0, 0], policy.growth_shortfall(after_gc, req, cover: 2.1), "a young worker"
-    malloc = profile([15_377, 566, 2_095], malloc: 8 << 20)
-    assert_equal [0, 0, 0], policy.growth_shortfall(after_gc, malloc, cover: 2.1, want: 10), "32 MB holds 4 requests"
-    # At most MAX_FREE_SHARE of the pool free.
-    roomy = pooled([[800_000, 338_690], [121_121, 95_000], [340_927, 261_472]])
-    short = policy.growth_shortfall(roomy, req, cover: 2.1, want: 10)
-    assert_in_delta ((0.6 * 800_000) - 461_310) / 0.4, short[0], 1
-  end
-
   # Recorded on Ruby 3.4, the Rails bench app under Unicorn: the 640-byte
   # pool held 1,624 slots, 249 of them live, below its 10,000 initial slots.
   # Ruby wants 20% of the larger of the two free, 2,000 slots, and asked for

@@ -157,50 +157,13 @@ module Memkit
           free = free(own)
           objects = profile.objects
           short = shortfall(own, profile, cover: cover, want: want)
-          short = reading.fetch(:heaps).each_with_index.map do |h, i|
+          reading.fetch(:heaps).each_with_index.map do |h, i|
             need = objects.fetch(i, 0)
             next short[i] unless need.positive?
 
             floor = (slots_for_free_minimum(h, i) * @min_free_ratio).ceil + need - free[i]
             [short[i], floor].max
           end
-          want > cover ? level_driest(short, reading, free, profile) : short
-        end
-
-        # A driest pool within 10% of the next one's level is left as it is
-        # (#level_driest): no growth for a few slots at every GC.
-        LEVEL_GAP = 0.9
-
-        # The pool that holds the fewest requests after a GC sets how often GC
-        # runs; what the other pools hold beyond it waits unused. So, once a
-        # worker is past its first requests (`want` above `cover`), that pool
-        # is raised to the next-driest pool's level, while it stays under
-        # MAX_FREE_SHARE free (the growth budget bounds it too). Ruby alone
-        # grows whichever pool runs out; with full marks off only the
-        # collector's plan does: on the "medium" shape (3.4) pool 0 held 30
-        # requests after a GC and pools 1 and 2 held 42 and 38, a GC every 30
-        # requests where Ruby alone, its pool 0 85,000 slots larger and its
-        # pools 1 and 2 smaller, ran one every 36. No higher than the requests
-        # Ruby's largest malloc limit holds: past that, malloc'd bytes set the
-        # GC's pace (on the "malloc" shape, 8 MB a request, raising pool 0
-        # again after every GC ran 1.3-1.7x Ruby alone's GCs).
-        def level_driest(short, reading, free, profile)
-          objects = profile.objects
-          held = short.each_index.map do |i|
-            free[i].fdiv(objects[i]) + short[i].fdiv(objects[i]) if objects.fetch(i, 0).positive?
-          end
-          driest, second = held.each_index.select { |i| held[i] }.sort_by { |i| held[i] }
-          return short unless second
-
-          level = held[second]
-          level = [level, @malloc_limit_max.fdiv(profile.malloc)].min if profile.malloc.positive?
-          return short unless held[driest] < level * LEVEL_GAP
-
-          eden = reading.fetch(:heaps).fetch(driest).fetch(:heap_eden_slots) + short[driest]
-          room = ((MAX_FREE_SHARE * eden) - (free[driest] + short[driest])) / (1 - MAX_FREE_SHARE)
-          add = [((level - held[driest]) * objects[driest]).ceil, room.floor].min
-          short[driest] += add if add.positive?
-          short
         end
 
         # Whether pool `index` takes `slots` more as pages with no GC (it
