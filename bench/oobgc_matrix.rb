@@ -32,6 +32,10 @@
 # cap is reported in the "cold" column (a Puma worker that got no kept-alive
 # connection can stay cold).
 #
+# The report ends with issue 17's lines for the matrix (placement, majors,
+# throughput, p99, RSS), each with how many memkit cells meet it and the
+# cells that miss it.
+#
 # --out appends one JSON line per measured cell as soon as it is measured, so
 # the matrix can run as several locked runs (one per server and Ruby, each
 # under 10 minutes) and be reported together with --report.
@@ -229,6 +233,7 @@ module OobgcMatrix
   def pct(r) = r[:gc_total].zero? ? "-" : format("%.1f", 100.0 * (r[:gc_total] - r[:gc_inside]) / r[:gc_total])
 
   def report(rows)
+    verdicts = []
     rows.group_by { |r| [r[:ruby], r[:server]] }.each do |(ruby, server), list|
       revs = list.map { |r| r[:rev] }.uniq.join(",")
       puts "== Ruby #{ruby}, #{server} (rev #{revs})"
@@ -253,11 +258,16 @@ module OobgcMatrix
         end
         sat = get.(mode, "saturated")
         paced = get.(mode, "paced")
-        [shape, mode, pct(paced), pct(sat), paced[:gc_inside_major] + sat[:gc_inside_major],
-         format("%.2f", sat[:rps] / get.("none", "saturated")[:rps]),
-         format("%.2f", paced[:p99].to_f / get.("none", "paced")[:p99].to_f),
-         format("%.2f", paced[:rss_kb].fdiv(get.("none", "paced")[:rss_kb])),
-         format("%.2f", per_req.(mode) / [per_req.("none"), 1e-9].max), paced[:gave_up] || sat[:gave_up] || "-"]
+        verdict = { cell: "#{ruby} #{server} #{shape} #{mode}", out: [pct(paced), pct(sat)],
+                    majors_inside: paced[:gc_inside_major] + sat[:gc_inside_major],
+                    rps_x: sat[:rps] / get.("none", "saturated")[:rps],
+                    p99_x: paced[:p99].to_f / get.("none", "paced")[:p99].to_f,
+                    rss_x: paced[:rss_kb].fdiv(get.("none", "paced")[:rss_kb]),
+                    gc_x: per_req.(mode) / [per_req.("none"), 1e-9].max }
+        verdicts << verdict
+        [shape, mode, *verdict[:out], verdict[:majors_inside], format("%.2f", verdict[:rps_x]),
+         format("%.2f", verdict[:p99_x]), format("%.2f", verdict[:rss_x]), format("%.2f", verdict[:gc_x]),
+         paced[:gave_up] || sat[:gave_up] || "-"]
       end
       puts "#{server}, Ruby #{ruby}: memkit mode vs none: % of GC runs outside requests (paced, saturated), " \
            "majors inside requests, throughput at saturation (median), p99 at ~60% load (median), " \
@@ -265,6 +275,32 @@ module OobgcMatrix
       puts Memkit::CLI.table(%w[shape mode out%_paced out%_sat majors_inside rps_x p99_x rss_x gc/req_x gave_up],
                              summary, left: [0, 1, 9])
       puts
+    end
+    lines(verdicts)
+  end
+
+  # Issue 17's lines for the matrix, each with the cells that miss it.
+  LINES = [
+    # "-": no GC ran at all.
+    [">= 90% of GC runs out of requests", ->(v) { v[:out].all? { |o| o == "-" || o.to_f >= 90 } }, :out],
+    ["no major GC inside requests", ->(v) { v[:majors_inside].zero? }, :majors_inside],
+    ["throughput >= 0.95x no OobGC (saturated)", ->(v) { v[:rps_x] >= 0.95 }, :rps_x],
+    ["p99 <= no OobGC's (~60% load)", ->(v) { v[:p99_x] <= 1.0 }, :p99_x],
+    ["RSS per worker <= 1.3x no OobGC", ->(v) { v[:rss_x] <= 1.3 }, :rss_x]
+  ].freeze
+
+  def lines(verdicts)
+    return if verdicts.empty?
+
+    puts "Per line, over #{verdicts.size} memkit cells (Ruby, server, shape, mode):"
+    LINES.each do |name, met, key|
+      misses = verdicts.reject(&met)
+      shown = misses.map do |v|
+        value = v[key]
+        "#{v[:cell]} #{value.is_a?(Array) ? value.join('/') : (value.is_a?(Float) ? format('%.2f', value) : value)}"
+      end
+      puts format("  %-42s %3d of %d%s", name, verdicts.size - misses.size, verdicts.size,
+                  misses.empty? ? "" : "; misses: #{shown.join(', ')}")
     end
   end
 end
