@@ -60,6 +60,14 @@ module OobgcBenchRunner
   MODES = { unicorn: %w[none unicorn_oobgc memkit],
             puma: %w[none unicorn_oobgc puma_out_of_band memkit_reply memkit memkit_close] }.freeze
   APP = File.expand_path("oobgc_app.rb", __dir__)
+  # Puma config: the workers write the probe's figures before they stop
+  # (OobgcBench::Probe says why at_exit is not enough); the hook's name
+  # changed in Puma 7.
+  PUMA_FLUSH = <<~RUBY
+    public_send(respond_to?(:before_worker_shutdown) ? :before_worker_shutdown : :on_worker_shutdown) do
+      OobgcBench::Probe.flush
+    end
+  RUBY
   WRK_SCRIPT = File.expand_path("oobgc.lua", __dir__)
 
   def run(argv)
@@ -97,6 +105,7 @@ module OobgcBenchRunner
       hook = "out_of_band { Memkit::OobGC.out_of_band }"
       extra = { "puma_out_of_band" => "out_of_band { GC.start }", "memkit" => server == :puma ? hook : "",
                 "memkit_close" => "#{hook}\nenable_keep_alives false" }.fetch(mode, "")
+      extra += "\n#{PUMA_FLUSH}" if server == :puma
       srv = start_server(server, app_source(mode, dir), dir: dir, port: free_port, extra: extra)
       begin
         url = "http://127.0.0.1:#{srv.port}/"

@@ -47,8 +47,22 @@ module OobgcBench
   # (and their RSS) to DIR/gc-PID.json when they exit. They start counting at
   # each worker's SKIP+1st request; touching DIR/reset zeroes them too
   # (checked every 0.2 s). Single-threaded servers only.
+  #
+  # A Puma worker can be cut short in its at_exit (its watch on the master
+  # calls exit! once the master has gone), so Puma configs also call
+  # Probe.flush from their worker-shutdown hook; each write replaces the file
+  # whole.
   class Probe
+    @all = []
+
+    class << self
+      attr_reader :all
+
+      def flush = all.each(&:write)
+    end
+
     def initialize(app, dir)
+      self.class.all << self
       @app = app
       @dir = dir
       @reset_seen = nil
@@ -69,6 +83,25 @@ module OobgcBench
       @inside_major += GC.stat(:major_gc_count) - major
       @requests += 1
       response
+    end
+
+    # A worker that served no request since the last reset has only warm-up
+    # figures: it writes nothing.
+    def write
+      return if @requests.zero?
+
+      mtime = File.mtime(File.join(@dir, "reset")) rescue nil
+      return if mtime && mtime != @reset_seen
+
+      path = File.join(@dir, "gc-#{Process.pid}.json")
+      File.write("#{path}.tmp",
+                 JSON.generate(requests: @requests, gc_total: GC.count - @base, gc_inside: @inside, gc_inside_major: @inside_major,
+                               gc_major: GC.stat(:major_gc_count) - @base_major,
+                               gc_ms: GC.stat(:time) - @base_time, skipped: @seen - @requests,
+                               rss_kb: File.read("/proc/self/status")[/VmRSS:\s+(\d+)/, 1].to_i,
+                               oob: defined?(Memkit::OobGC::Counters) ? oob_stats : nil,
+                               cpu_ms: Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID, :float_millisecond) - @base_cpu))
+      File.rename("#{path}.tmp", path)
     end
 
     private
@@ -100,23 +133,6 @@ module OobgcBench
       s = Memkit::OobGC.stats
       { grow_runs: s.grow_runs, heap_grown_bytes: s.heap_grown_bytes, heap_bytes: s.heap_bytes, gave_up: s.gave_up,
         boot_env: s.boot_env, policy: s.policy }
-    end
-
-    # A worker that served no request since the last reset has only warm-up
-    # figures: it writes nothing.
-    def write
-      return if @requests.zero?
-
-      mtime = File.mtime(File.join(@dir, "reset")) rescue nil
-      return if mtime && mtime != @reset_seen
-
-      File.write(File.join(@dir, "gc-#{Process.pid}.json"),
-                 JSON.generate(requests: @requests, gc_total: GC.count - @base, gc_inside: @inside, gc_inside_major: @inside_major,
-                               gc_major: GC.stat(:major_gc_count) - @base_major,
-                               gc_ms: GC.stat(:time) - @base_time, skipped: @seen - @requests,
-                               rss_kb: File.read("/proc/self/status")[/VmRSS:\s+(\d+)/, 1].to_i,
-                               oob: defined?(Memkit::OobGC::Counters) ? oob_stats : nil,
-                               cpu_ms: Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID, :float_millisecond) - @base_cpu))
     end
   end
 end

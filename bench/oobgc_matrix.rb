@@ -121,6 +121,7 @@ module OobgcMatrix
   def cell(kind, close, shape, mode, pace, opts)
     Dir.mktmpdir("memkit-oobgc-matrix") do |dir|
       extra = mode == "memkit_plugin" ? "plugin :memkit" : ""
+      extra += "\n#{OobgcBenchRunner::PUMA_FLUSH}" if kind == :puma
       env = SHAPES.fetch(shape).merge("OOBGC_SKIP" => "0")
       srv = Memkit::ServersHelper.start_server(kind, app_source(mode, dir), dir: dir, port: Memkit::Loopback.free_port,
                                                                          env: env, extra: extra)
@@ -148,9 +149,8 @@ module OobgcMatrix
     end
   end
 
-  # The workers' probe files. A Puma master can exit before its workers
-  # have run their at_exit (seen on Ruby 3.4), so this waits a little for
-  # both files before the directory goes away.
+  # The workers' probe files (each written whole, by a rename). This waits a
+  # little for both, as a worker may still be exiting.
   def probes(dir, workers: 2, wait: 10)
     deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + wait
     files = []
@@ -160,7 +160,6 @@ module OobgcMatrix
 
       sleep 0.1
     end
-    sleep 0.1 # a file seen may still be being written
     files.map { |f| JSON.parse(File.read(f)) }
   end
 

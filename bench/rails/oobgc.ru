@@ -8,7 +8,9 @@
 # The probe counts, per worker, from its OOBGC_SKIP+1st request: requests,
 # GC runs in all, GC runs (and majors) that started and ended inside a
 # request. Each worker writes them, with its RSS and Memkit::OobGC.stats, to
-# OOBGC_DIR/gc-PID.json when it exits. Single-threaded workers only.
+# OOBGC_DIR/gc-PID.json when it exits, and Puma's workers also from their
+# shutdown hook (puma.rb: a Puma worker's at_exit can be cut short by its
+# exit! once the master has gone). Single-threaded workers only.
 #
 # For the RSS and GC-count diagnosis it also keeps: why each GC inside a
 # request ran (GC.latest_gc_info's gc_by and major_by after it; the last one
@@ -24,8 +26,16 @@ module BenchRails
   class GcProbe
     SKIP = Integer(ENV.fetch("OOBGC_SKIP", "100"))
     SAMPLE = 25
+    @all = []
+
+    class << self
+      attr_reader :all
+
+      def flush = all.each(&:write)
+    end
 
     def initialize(app, dir)
+      self.class.all << self
       @app = app
       @dir = dir
       @seen = 0
@@ -49,6 +59,23 @@ module BenchRails
       @requests += 1
       sample if (@requests % SAMPLE).zero?
       response
+    end
+
+    def write
+      return if @dir.nil? || @seen <= SKIP
+
+      oob = oob_stats
+      window = oob && @oob0 && %i[oob_minor oob_major grow_runs heap_grown_bytes].to_h { |k| [k, oob[k] - @oob0[k]] }
+      path = File.join(@dir, "gc-#{Process.pid}.json")
+      File.write("#{path}.tmp", JSON.generate(
+        requests: @requests, allocated: GC.stat(:total_allocated_objects) - @allocated,
+        gc_total: GC.count - @gc, gc_major: GC.stat(:major_gc_count) - @major,
+        gc_inside: @inside, gc_inside_major: @inside_major, heap_slots: GC.stat(:heap_available_slots),
+        rss_kb: File.read("/proc/self/status")[/VmRSS:\s+(\d+)/, 1].to_i, oob: oob, oob_window: window,
+        inside_by: @inside_by, rss_mean_kb: @rss.empty? ? nil : @rss.sum.fdiv(@rss.size).round,
+        rss_max_kb: @rss.max, memory: memory
+      ))
+      File.rename("#{path}.tmp", path)
     end
 
     private
@@ -106,21 +133,6 @@ module BenchRails
         end
       end
       out
-    end
-
-    def write
-      return if @dir.nil? || @seen <= SKIP
-
-      oob = oob_stats
-      window = oob && @oob0 && %i[oob_minor oob_major grow_runs heap_grown_bytes].to_h { |k| [k, oob[k] - @oob0[k]] }
-      File.write(File.join(@dir, "gc-#{Process.pid}.json"), JSON.generate(
-        requests: @requests, allocated: GC.stat(:total_allocated_objects) - @allocated,
-        gc_total: GC.count - @gc, gc_major: GC.stat(:major_gc_count) - @major,
-        gc_inside: @inside, gc_inside_major: @inside_major, heap_slots: GC.stat(:heap_available_slots),
-        rss_kb: File.read("/proc/self/status")[/VmRSS:\s+(\d+)/, 1].to_i, oob: oob, oob_window: window,
-        inside_by: @inside_by, rss_mean_kb: @rss.empty? ? nil : @rss.sum.fdiv(@rss.size).round,
-        rss_max_kb: @rss.max, memory: memory
-      ))
     end
   end
 end

@@ -17,6 +17,10 @@ preload_app!(mode[:preload]) # Puma 7+ preloads by default in cluster mode
 rackup File.expand_path("config.ru", __dir__)
 worker_timeout 300
 BenchRails::Modes.at_config(mode)
+# bench/oobgc_rails.rb's probe (oobgc.ru) writes its figures before the worker stops.
+public_send(respond_to?(:before_worker_shutdown) ? :before_worker_shutdown : :on_worker_shutdown) do
+  BenchRails::GcProbe.flush if defined?(BenchRails::GcProbe)
+end
 
 before_fork do
   # Without preload the master holds no app: as `plugin :memkit` does there,
