@@ -85,7 +85,9 @@ module CowRails
   def stop(server)
     return unless server
 
-    Process.kill(:QUIT, server.pid) rescue nil
+    # Unicorn stops gracefully on QUIT, Puma on TERM (QUIT is its halt: the
+    # master stayed up until the 20 s below ran out).
+    Process.kill(server.name == "unicorn" ? :QUIT : :TERM, server.pid) rescue nil
     deadline = now + 20
     sleep 0.1 while now < deadline && !Process.wait(server.pid, Process::WNOHANG)
     Process.kill(:KILL, -server.pid) rescue nil

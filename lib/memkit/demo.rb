@@ -162,14 +162,16 @@ module Memkit
 
     def worker_pids(pid) = Tree.read(pid).nodes.drop(1).map(&:pid)
 
+    # Unicorn's graceful stop is QUIT; Puma's is TERM (QUIT halts it, and
+    # its master stayed up until the deadline below).
     def stop(pid)
-      Process.kill(:QUIT, pid)
+      Process.kill(@server == "puma" ? :TERM : :QUIT, pid)
       deadline = clock + 15
       sleep 0.05 until Process.waitpid(pid, Process::WNOHANG) || clock > deadline
     rescue Errno::ESRCH, Errno::ECHILD
       nil
     ensure
-      # Whatever is left of the process group (a worker that ignored QUIT) goes now.
+      # Whatever is left of the process group (a worker still stopping) goes now.
       begin
         Process.kill(:KILL, -pid)
         Process.waitpid(pid)
