@@ -4,6 +4,7 @@
 # strings, hashes and arrays of several sizes), and requests that allocate
 # tens of thousands of short-lived objects each, as a page render does.
 require "json"
+require_relative "probe_files"
 
 module OobgcBench
   ROWS = Integer(ENV.fetch("OOBGC_ROWS", "1500"))
@@ -47,29 +48,19 @@ module OobgcBench
   # (and their RSS) to DIR/gc-PID.json when they exit. They start counting at
   # each worker's SKIP+1st request; touching DIR/reset zeroes them too
   # (checked every 0.2 s). Single-threaded servers only.
-  #
-  # A Puma worker can be cut short in its at_exit (its watch on the master
-  # calls exit! once the master has gone), so Puma configs also call
-  # Probe.flush from their worker-shutdown hook; each write replaces the file
-  # whole.
+  # Puma configs also call Probe.flush from their worker-shutdown hook
+  # (bench/probe_files.rb says why).
   class Probe
-    @all = []
-
-    class << self
-      attr_reader :all
-
-      def flush = all.each(&:write)
-    end
+    extend ProbeFiles
 
     def initialize(app, dir)
-      self.class.all << self
       @app = app
       @dir = dir
       @reset_seen = nil
       @next_check = 0
       @seen = 0
       zero
-      at_exit { write }
+      Probe.track(self)
     end
 
     def call(env)
@@ -93,15 +84,13 @@ module OobgcBench
       mtime = File.mtime(File.join(@dir, "reset")) rescue nil
       return if mtime && mtime != @reset_seen
 
-      path = File.join(@dir, "gc-#{Process.pid}.json")
-      File.write("#{path}.tmp",
-                 JSON.generate(requests: @requests, gc_total: GC.count - @base, gc_inside: @inside, gc_inside_major: @inside_major,
-                               gc_major: GC.stat(:major_gc_count) - @base_major,
-                               gc_ms: GC.stat(:time) - @base_time, skipped: @seen - @requests,
-                               rss_kb: File.read("/proc/self/status")[/VmRSS:\s+(\d+)/, 1].to_i,
-                               oob: defined?(Memkit::OobGC::Counters) ? oob_stats : nil,
-                               cpu_ms: Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID, :float_millisecond) - @base_cpu))
-      File.rename("#{path}.tmp", path)
+      ProbeFiles.write(File.join(@dir, "gc-#{Process.pid}.json"),
+                       requests: @requests, gc_total: GC.count - @base, gc_inside: @inside, gc_inside_major: @inside_major,
+                       gc_major: GC.stat(:major_gc_count) - @base_major,
+                       gc_ms: GC.stat(:time) - @base_time, skipped: @seen - @requests,
+                       rss_kb: File.read("/proc/self/status")[/VmRSS:\s+(\d+)/, 1].to_i,
+                       oob: defined?(Memkit::OobGC::Counters) ? oob_stats : nil,
+                       cpu_ms: Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID, :float_millisecond) - @base_cpu)
     end
 
     private

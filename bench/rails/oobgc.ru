@@ -19,6 +19,7 @@
 # object heap's pages, and glibc's malloc arenas (mallinfo2) where present.
 require "json"
 require "memkit/libc"
+require_relative "../probe_files"
 require_relative "app"
 Rails.application.initialize!
 
@@ -26,21 +27,14 @@ module BenchRails
   class GcProbe
     SKIP = Integer(ENV.fetch("OOBGC_SKIP", "100"))
     SAMPLE = 25
-    @all = []
-
-    class << self
-      attr_reader :all
-
-      def flush = all.each(&:write)
-    end
+    extend ProbeFiles
 
     def initialize(app, dir)
-      self.class.all << self
       @app = app
       @dir = dir
       @seen = 0
       zero
-      at_exit { write }
+      GcProbe.track(self)
     end
 
     def call(env)
@@ -66,16 +60,14 @@ module BenchRails
 
       oob = oob_stats
       window = oob && @oob0 && %i[oob_minor oob_major grow_runs heap_grown_bytes].to_h { |k| [k, oob[k] - @oob0[k]] }
-      path = File.join(@dir, "gc-#{Process.pid}.json")
-      File.write("#{path}.tmp", JSON.generate(
+      ProbeFiles.write(File.join(@dir, "gc-#{Process.pid}.json"), {
         requests: @requests, allocated: GC.stat(:total_allocated_objects) - @allocated,
         gc_total: GC.count - @gc, gc_major: GC.stat(:major_gc_count) - @major,
         gc_inside: @inside, gc_inside_major: @inside_major, heap_slots: GC.stat(:heap_available_slots),
         rss_kb: File.read("/proc/self/status")[/VmRSS:\s+(\d+)/, 1].to_i, oob: oob, oob_window: window,
         inside_by: @inside_by, rss_mean_kb: @rss.empty? ? nil : @rss.sum.fdiv(@rss.size).round,
         rss_max_kb: @rss.max, memory: memory
-      ))
-      File.rename("#{path}.tmp", path)
+      })
     end
 
     private
