@@ -114,7 +114,8 @@ module Memkit
 
     def recycle(pid)
       before = worker_pids(pid)
-      @out.puts "", "Each /leak request keeps 2 MB; Memkit::MemoryLimit replaces a worker past #{MAX_USS} USS."
+      @out.puts "", "Each /leak request keeps 2 MB; Memkit::MemoryLimit replaces a worker past #{MAX_USS} USS " \
+                      "(each worker draws its own limit up to 10% lower, so they are not all replaced at once)."
       send_requests(Array.new(150) { |i| "/leak/#{i}" })
       deadline = clock + 10
       sleep 0.2 until worker_pids(pid).size >= @workers || clock > deadline
