@@ -14,8 +14,12 @@ class BenchFiberTest < Minitest::Test
     expected = Memkit::FiberPool::CORE == Memkit::FiberPool::RubyCore ? "ruby" : "c"
     assert_equal expected, report["pool_core"], "the CLI picks the core FiberPool.new picks"
     report["per_second"].each_value { |rate| assert_operator rate, :>, 0 }
-    ratio = report["per_second"]["pool"].fdiv(report["per_second"]["new"])
-    assert_in_delta ratio, report["ratios"]["pool_vs_new"], 0.01
+    pool, new = report["per_second"].values_at("pool", "new")
+    # The rates are rounded to whole jobs per second, the ratio (from the
+    # unrounded rates) to 0.01: on 3.4 "pool" ran 307 times the jobs "new" did,
+    # and its rounding alone moved the ratio by 0.06.
+    ratio = pool.fdiv(new)
+    assert_in_delta ratio, report["ratios"]["pool_vs_new"], (ratio * ((0.5 / pool) + (0.5 / new))) + 0.005
     count = report["count"]
     assert_equal 300, count["fibers"]
     # Each suspended fiber holds a stack mapping above a guard page, and at
