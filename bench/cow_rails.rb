@@ -85,9 +85,9 @@ module CowRails
   def stop(server)
     return unless server
 
-    # Unicorn stops gracefully on QUIT, Puma on TERM (QUIT is its halt: the
-    # master stayed up until the 20 s below ran out).
-    Process.kill(server.name == "unicorn" ? :QUIT : :TERM, server.pid) rescue nil
+    # The server's graceful stop (with QUIT, Puma's master stayed up until
+    # the 20 s below ran out).
+    Process.kill(Memkit::MemoryLimit::SIGNALS.fetch(server.name.to_sym), server.pid) rescue nil
     deadline = now + 20
     sleep 0.1 while now < deadline && !Process.wait(server.pid, Process::WNOHANG)
     Process.kill(:KILL, -server.pid) rescue nil

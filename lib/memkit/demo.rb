@@ -163,10 +163,10 @@ module Memkit
 
     def worker_pids(pid) = Tree.read(pid).nodes.drop(1).map(&:pid)
 
-    # Unicorn's graceful stop is QUIT; Puma's is TERM (QUIT halts it, and
-    # its master stayed up until the deadline below).
+    # The server's graceful stop (with QUIT, Puma's master stayed up until
+    # the deadline below).
     def stop(pid)
-      Process.kill(@server == "puma" ? :TERM : :QUIT, pid)
+      Process.kill(MemoryLimit::SIGNALS.fetch(@server.to_sym), pid)
       deadline = clock + 15
       sleep 0.05 until Process.waitpid(pid, Process::WNOHANG) || clock > deadline
     rescue Errno::ESRCH, Errno::ECHILD

@@ -43,6 +43,8 @@ module Memkit
   # replacement decides again (see TreePolicy). A size ending in "%" is a share
   # of the container's memory limit (Memkit::Cgroup), for max_uss too.
   class MemoryLimit
+    # Each server's graceful stop, for one worker and for the whole server
+    # (sent to the master): Puma's QUIT is its halt.
     SIGNALS = { unicorn: :QUIT, pitchfork: :QUIT, puma: :TERM }.freeze
     # Unicorn and Pitchfork act on a worker's SIGQUIT only when its wait for
     # the next connection wakes; sent mid-request on an idle server, that is
