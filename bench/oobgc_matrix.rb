@@ -27,8 +27,11 @@
 # a few dozen requests) and the sum of the GC counts.
 #
 # The probe (OobgcBench::Probe) counts, from the reset after the warm-up: GC
-# runs in all, inside requests, majors inside requests, and the worker's RSS
-# at exit. A worker that did not reach 100 requests in the warm-up's time
+# runs in all, inside requests, majors inside requests, GC time
+# (GC.stat(:time)) and CPU time, and the worker's RSS at exit. GC and CPU
+# time per request against no OobGC say whether a throughput ratio is
+# memkit's cost: wrk's requests per second on a shared 2-core machine move
+# by more than that between runs of the same cell. A worker that did not reach 100 requests in the warm-up's time
 # cap is reported in the "cold" column (a Puma worker that got no kept-alive
 # connection can stay cold).
 #
@@ -100,9 +103,10 @@ module OobgcMatrix
               pace_ms: pace, **r }
       File.open(opts[:out], "a") { |f| f.puts(JSON.generate(row)) } if opts[:out]
       cold = r[:cold].positive? ? " COLD #{r[:cold]}" : ""
-      $stderr.puts format("%s %s %s %s %s #%d: %.1f req/s p99 %.1f ms, gc %d inside %d (major %d)%s",
+      $stderr.puts format("%s %s %s %s %s #%d: %.1f req/s p99 %.1f ms, gc %d inside %d (major %d); " \
+                          "requests per worker %s%s",
                           Time.now.utc.strftime("%T"), name, shape, mode, load, rep, r[:rps], r[:p99].to_f,
-                          r[:gc_total], r[:gc_inside], r[:gc_inside_major], cold)
+                          r[:gc_total], r[:gc_inside], r[:gc_inside_major], r[:split].join("/"), cold)
       rows << row
       r
     end
@@ -141,6 +145,8 @@ module OobgcMatrix
         gc_total: probes.sum { |p| p["gc_total"] }, gc_inside: probes.sum { |p| p["gc_inside"] },
         gc_inside_major: probes.sum { |p| p["gc_inside_major"] }, gc_major: probes.sum { |p| p["gc_major"] },
         requests_counted: probes.sum { |p| p["requests"] }, workers: probes.size,
+        split: probes.map { |p| p["requests"] }.sort.reverse,
+        gc_ms: probes.sum { |p| p["gc_ms"].to_f }, cpu_ms: probes.sum { |p| p["cpu_ms"].to_f },
         rss_kb: probes.sum { |p| p["rss_kb"] }.fdiv([probes.size, 1].max),
         grown: oob.sum { |o| o["heap_grown_bytes"].to_i }.fdiv([oob.size, 1].max),
         gave_up: oob.map { |o| o["gave_up"] }.compact.first, boot_env: oob.map { |o| o["boot_env"] }.compact.first,
@@ -220,12 +226,15 @@ module OobgcMatrix
   # Cells pooled over repeats: medians of rates and latencies, sums of counts.
   def pool(list)
     sum = ->(key) { list.sum { |r| r[key].to_i } }
+    # Rows recorded before the probes' GC and CPU time were kept have none.
+    fsum = ->(key) { list.all? { |r| r[key] } ? list.sum { |r| r[key] } : nil }
     { n: list.size, rps: median(list.map { |r| r[:rps] }), p50: median(list.map { |r| r[:p50] }),
       p99: median(list.map { |r| r[:p99] }), p99s: list.map { |r| r[:p99] },
       rss_kb: median(list.map { |r| r[:rss_kb] }), grown: median(list.map { |r| r[:grown] }),
       gc_total: sum.(:gc_total), gc_inside: sum.(:gc_inside), gc_inside_major: sum.(:gc_inside_major),
       gc_major: sum.(:gc_major), requests_counted: sum.(:requests_counted), cold: sum.(:cold),
-      errors: sum.(:errors), gave_up: list.map { |r| r[:gave_up] }.compact.first,
+      errors: sum.(:errors), gc_ms: fsum.(:gc_ms), cpu_ms: fsum.(:cpu_ms),
+      gave_up: list.map { |r| r[:gave_up] }.compact.first,
       boot_env: list.map { |r| r[:boot_env] }.compact.first }
   end
 
@@ -250,10 +259,17 @@ module OobgcMatrix
         get = ->(m, load) { cells[[shape, m, load]] }
         next unless [[mode, "saturated"], [mode, "paced"], %w[none saturated], %w[none paced]].all? { |k| get.(*k) }
 
-        per_req = lambda do |m|
+        per_req = lambda do |m, key = :gc_total|
           a = get.(m, "saturated")
           b = get.(m, "paced")
-          (a[:gc_total] + b[:gc_total]).fdiv([a[:requests_counted] + b[:requests_counted], 1].max)
+          next nil unless a[key] && b[key]
+
+          (a[key] + b[key]).fdiv([a[:requests_counted] + b[:requests_counted], 1].max)
+        end
+        ratio = lambda do |key|
+          mine = per_req.(mode, key)
+          base = per_req.("none", key)
+          mine && base&.positive? ? mine / base : nil
         end
         sat = get.(mode, "saturated")
         paced = get.(mode, "paced")
@@ -262,17 +278,19 @@ module OobgcMatrix
                     rps_x: sat[:rps] / get.("none", "saturated")[:rps],
                     p99_x: paced[:p99].to_f / get.("none", "paced")[:p99].to_f,
                     rss_x: paced[:rss_kb].fdiv(get.("none", "paced")[:rss_kb]),
-                    gc_x: per_req.(mode) / [per_req.("none"), 1e-9].max }
+                    gc_x: per_req.(mode) / [per_req.("none"), 1e-9].max,
+                    gc_ms_x: ratio.(:gc_ms), cpu_x: ratio.(:cpu_ms) }
         verdicts << verdict
         [shape, mode, *verdict[:out], verdict[:majors_inside], format("%.2f", verdict[:rps_x]),
          format("%.2f", verdict[:p99_x]), format("%.2f", verdict[:rss_x]), format("%.2f", verdict[:gc_x]),
+         *verdict.values_at(:gc_ms_x, :cpu_x).map { |x| x ? format("%.2f", x) : "-" },
          paced[:gave_up] || sat[:gave_up] || "-"]
       end
       puts "#{server}, Ruby #{ruby}: memkit mode vs none: % of GC runs outside requests (paced, saturated), " \
            "majors inside requests, throughput at saturation (median), p99 at ~60% load (median), " \
-           "RSS per worker (paced, median), GC runs per request:"
-      puts Memkit::CLI.table(%w[shape mode out%_paced out%_sat majors_inside rps_x p99_x rss_x gc/req_x gave_up],
-                             summary, left: [0, 1, 9])
+           "RSS per worker (paced, median), GC runs, GC time and CPU time per request:"
+      puts Memkit::CLI.table(%w[shape mode out%_paced out%_sat majors_inside rps_x p99_x rss_x gc/req_x gc_ms/req_x
+                                cpu/req_x gave_up], summary, left: [0, 1, 11])
       puts
     end
     lines(verdicts)

@@ -117,8 +117,7 @@ module Memkit
           short.each_index do |i|
             next unless under[i] && short[i] > plan[i]
 
-            floor = ((slots_for_free_minimum(heaps[i], i) * @min_free_ratio) + objects.fetch(i, 0) - free[i]).ceil
-            slots = [floor, short[i]].min - plan[i]
+            slots = [floor(heaps[i], i, free[i], objects.fetch(i, 0)), short[i]].min - plan[i]
             slots = [slots, bytes / sizes[i]].min
             next unless slots.positive?
 
@@ -161,9 +160,14 @@ module Memkit
             need = objects.fetch(i, 0)
             next short[i] unless need.positive?
 
-            floor = (slots_for_free_minimum(h, i) * @min_free_ratio).ceil + need - free[i]
-            [short[i], floor].max
+            [short[i], floor(h, i, free[i], need)].max
           end
+        end
+
+        # Slots pool `index` (`heap`, `free` slots free after a GC) lacks to
+        # keep Ruby's free minimum and one request (`need` slots) more.
+        def floor(heap, index, free, need)
+          ((slots_for_free_minimum(heap, index) * @min_free_ratio) + need - free).ceil
         end
 
         # Whether pool `index` takes `slots` more as pages with no GC (it
