@@ -31,9 +31,9 @@
 # (GC.stat(:time)) and CPU time, and the worker's RSS at exit. GC and CPU
 # time per request against no OobGC say whether a throughput ratio is
 # memkit's cost: wrk's requests per second on a shared 2-core machine move
-# by more than that between runs of the same cell. A worker that did not reach 100 requests in the warm-up's time
-# cap is reported in the "cold" column (a Puma worker that got no kept-alive
-# connection can stay cold).
+# by more than that between runs of the same cell. A worker that did not
+# reach 100 requests in the warm-up's time cap is reported in the "cold"
+# column (a Puma worker that got no kept-alive connection can stay cold).
 #
 # The report ends with issue 17's lines for the matrix (placement, majors,
 # throughput, p99, RSS), each with how many memkit cells meet it and the
