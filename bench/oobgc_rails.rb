@@ -117,10 +117,10 @@ module OobgcRails
     false
   end
 
-  # Graceful for both (Unicorn: QUIT; Puma: TERM), so the workers' at_exit
-  # writes the probe's figures.
+  # The server's graceful stop, so the workers' at_exit writes the probe's
+  # figures.
   def stop(server, pid)
-    Process.kill(server == "unicorn" ? :QUIT : :TERM, pid) rescue nil
+    Process.kill(Memkit::MemoryLimit::SIGNALS.fetch(server.to_sym), pid) rescue nil
     deadline = now + 30
     sleep 0.1 while now < deadline && !Process.wait(pid, Process::WNOHANG)
     # A Puma master can exit before its workers have run their at_exit:

@@ -3,6 +3,7 @@
 require "socket"
 require "rbconfig"
 require "tmpdir"
+require_relative "../../lib/memkit" # MemoryLimit::SIGNALS: each server's graceful stop
 
 module Memkit
   # Boots real Unicorn and Puma (cluster) servers on 127.0.0.1 for tests and
@@ -72,7 +73,7 @@ module Memkit
     def stop_server(server, grace: 15)
       return unless server&.pid
 
-      Process.kill(server.kind == :unicorn ? :QUIT : :TERM, server.pid)
+      Process.kill(MemoryLimit::SIGNALS.fetch(server.kind), server.pid)
       deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + grace
       until Process.waitpid(server.pid, Process::WNOHANG)
         if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
