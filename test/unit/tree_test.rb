@@ -91,10 +91,13 @@ class TreeTest < Minitest::Test
   end
 
   # The racy version: children come and go every millisecond while we read.
+  # The test kills it; the deadline only stops an orphan. With 30 s, the
+  # ruby34 lane (three lanes side by side) once read the tree after the
+  # churner had exited, and the missing root failed the test.
   CHURN = <<~'RUBY'
     $stdout.sync = true
     puts "ready"
-    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 30
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 600
     while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
       fork { sleep(rand * 0.004) }
       sleep 0.001
