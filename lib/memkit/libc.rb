@@ -26,7 +26,8 @@ module Memkit
     end
 
     MALLINFO2_BYTES = 80
-    private_constant :MALLINFO2_BYTES
+    M_TOP_PAD = -2 # malloc.h
+    private_constant :MALLINFO2_BYTES, :M_TOP_PAD
 
     @functions = {}
 
@@ -39,6 +40,14 @@ module Memkit
       def malloc_trim
         fn = function(:malloc_trim) or return nil
         fn.call(0) == 1
+      end
+
+      # glibc's M_TOP_PAD: the free bytes each arena keeps at its top when it
+      # gives memory back to the kernel (see OobGC::MallocPad). true if set,
+      # false if refused (musl's mallopt refuses all), nil where unavailable.
+      def mallopt_top_pad(bytes)
+        fn = function(:mallopt) or return nil
+        fn.call(M_TOP_PAD, bytes) == 1
       end
 
       # mallinfo2 fills a struct that Fiddle cannot return by value. The
@@ -130,6 +139,7 @@ module Memkit
         f = Fiddle
         case name
         when :malloc_trim then [[f::TYPE_SIZE_T], f::TYPE_INT]
+        when :mallopt then [[f::TYPE_INT, f::TYPE_INT], f::TYPE_INT]
         when :mallinfo2 then [[f::TYPE_VOIDP], f::TYPE_VOID]
         when :mallctl then [[f::TYPE_VOIDP, f::TYPE_VOIDP, f::TYPE_VOIDP, f::TYPE_VOIDP, f::TYPE_SIZE_T], f::TYPE_INT]
         # Addresses as Integers (size_t), not Fiddle::Pointer objects.

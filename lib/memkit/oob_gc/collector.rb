@@ -8,6 +8,7 @@ require_relative "counters"
 require_relative "heap_growth"
 require_relative "dry_growth"
 require_relative "rss_budget"
+require_relative "malloc_pad"
 require_relative "../out_of_band"
 
 module Memkit
@@ -37,7 +38,7 @@ module Memkit
       RSS_SHARE = 0.2
 
       DEFAULTS = { headroom: 1.1, percentile: 0.95, window: 200, max_heap_growth: 64 << 20, regrow_after: 100,
-                   full_mark: :auto }.freeze
+                   full_mark: :auto, malloc_pad: true }.freeze
 
       # What #quiet remembers of a reading in which nothing was due: the GC
       # count, objects allocated per pool and in all, malloc'd bytes, the
@@ -97,10 +98,15 @@ module Memkit
       # full_mark: on Ruby 3.4+ (GC.config), :auto stops Ruby's own major
       #   GCs while serving and runs them between requests; true leaves them
       #   to Ruby.
+      # malloc_pad: true to have glibc keep, at the top of each malloc arena,
+      #   the memory the next requests malloc again (MallocPad), once the
+      #   worker has served `regrow_after` requests; false to leave glibc's
+      #   settings alone.
       # log: a callable taking one line (default: warn).
       def initialize(headroom: DEFAULTS[:headroom], percentile: DEFAULTS[:percentile], window: DEFAULTS[:window],
                      max_heap_growth: DEFAULTS[:max_heap_growth], regrow_after: DEFAULTS[:regrow_after],
-                     full_mark: DEFAULTS[:full_mark], log: ->(line) { warn(line) }, policy: nil)
+                     full_mark: DEFAULTS[:full_mark], malloc_pad: DEFAULTS[:malloc_pad], log: ->(line) { warn(line) },
+                     policy: nil)
         unless headroom.is_a?(Numeric) && headroom >= 1
           raise InvalidArgument, "Memkit::OobGC: headroom must be a number >= 1 (got #{headroom.inspect})"
         end
@@ -111,6 +117,9 @@ module Memkit
         unless [:auto, true].include?(full_mark)
           raise InvalidArgument, "Memkit::OobGC: full_mark must be :auto or true (got #{full_mark.inspect})"
         end
+        unless [true, false].include?(malloc_pad)
+          raise InvalidArgument, "Memkit::OobGC: malloc_pad must be true or false (got #{malloc_pad.inspect})"
+        end
 
         @profile = Profile.new(window: window, percentile: percentile)
         klass = policy || Policy.detect
@@ -119,6 +128,8 @@ module Memkit
         @growth = HeapGrowth.new(max_bytes: max_heap_growth)
         @rss_budget = RssBudget.new(share: RSS_SHARE)
         @rss_top = nil # RSS just before the latest out-of-band GC, where growth is on
+        # Twice the most malloc'd bytes Ruby lets build up before a GC.
+        @malloc_pad = (MallocPad.shared(max_bytes: 2 * @policy.malloc_limit_max) if malloc_pad)
         @regrow_after = regrow_after
         @regrow_wait = regrow_after # doubled after each growth Ruby refused
         @log = log
@@ -362,6 +373,9 @@ module Memkit
       def run(kind, reading, headroom: @policy.headroom)
         runs = 1
         @rss_top = HeapGrowth.rss if !@no_full_mark && (@growth.budget.positive? || @rss_top)
+        if @malloc_pad && @seen >= @regrow_after
+          Counters.update(malloc_pad: @malloc_pad.cover(reading.fetch(:stat).fetch(:malloc_increase_bytes)))
+        end
         lazy = @policy.sweep_lazily?(reading, @profile, kind: kind, apart: @seen - @cycle[1])
         collect(kind, reading, lazy, headroom)
         after = self.class.reading

@@ -10,14 +10,16 @@ module Memkit
     #   object pages that added (RSS), bounded by max_heap_growth.
     # heap_slots: the heap's slots now; heap_bytes: its object pages, with
     #   those Ruby will add as allocation needs them.
+    # malloc_pad: the free bytes glibc keeps at the top of each malloc arena,
+    #   as OobGC set them (MallocPad); 0 if it set none.
     # gave_up: why OobGC cannot keep GC out of requests, or nil.
     # boot_env: RUBY_GC_* values that would give this worker's heap the size
     #   OobGC wants from the start (Ruby reads them only at boot).
     # policy: the GC model in use (OneHeap, SizePools, NoFullMark).
     # profile: what one request allocates at the learned percentile.
     Stats = Struct.new(:requests, :oob_minor, :oob_major, :inside_minor, :inside_major, :oob_seconds, :oob_hook,
-                       :watched, :grow_runs, :heap_grown_bytes, :heap_slots, :heap_bytes, :gave_up, :boot_env,
-                       :policy, :profile, keyword_init: true) do
+                       :watched, :grow_runs, :heap_grown_bytes, :heap_slots, :heap_bytes, :malloc_pad, :gave_up,
+                       :boot_env, :policy, :profile, keyword_init: true) do
       def oob_total = oob_minor + oob_major
       def inside_total = inside_minor + inside_major
 
@@ -33,7 +35,7 @@ module Memkit
     module Counters
       ZERO = { requests: 0, oob_minor: 0, oob_major: 0, inside_minor: 0, inside_major: 0, oob_seconds: 0.0,
                oob_hook: 0, watched: 0, grow_runs: 0, heap_grown_bytes: 0, heap_slots: 0, heap_bytes: 0,
-               gave_up: nil, boot_env: {}, policy: nil, profile: nil }.freeze
+               malloc_pad: 0, gave_up: nil, boot_env: {}, policy: nil, profile: nil }.freeze
       # What reset zeroes; the rest describes the heap as it is.
       COUNTS = %i[requests oob_minor oob_major inside_minor inside_major oob_seconds oob_hook watched grow_runs].freeze
 
