@@ -23,6 +23,11 @@ class OobGCTest < Minitest::Test
     [200, { "content-type" => "text/plain" }, [rows.size.to_s]]
   end
 
+  MALLOCS = lambda do |_env|
+    rows = Array.new(300) { |i| { "id" => i, "name" => "row #{i}" } }
+    [200, { "content-type" => "text/plain" }, [("x" * (4 << 20)).bytesize.to_s, rows.size.to_s]]
+  end
+
   def setup
     GC.start
     Memkit::OobGC.reset_stats
@@ -33,6 +38,7 @@ class OobGCTest < Minitest::Test
     assert_raises(Memkit::InvalidArgument) { Memkit::OobGC.new(ALLOCATING, headroom: 0.5) }
     assert_raises(Memkit::InvalidArgument) { Memkit::OobGC.new(ALLOCATING, percentile: 1.5) }
     assert_raises(Memkit::InvalidArgument) { Memkit::OobGC.new(ALLOCATING, max_heap_growth: -1) }
+    assert_raises(Memkit::InvalidArgument) { Memkit::OobGC.new(ALLOCATING, malloc_pad: :yes) }
     assert_raises(Memkit::Error) { Memkit::OobGC.new(ALLOCATING, headroom: "2") }
   end
 
@@ -133,6 +139,31 @@ class OobGCTest < Minitest::Test
     # collects inside it, costs up to one GC in every six or seven here.
     assert_operator stats.oob_total + stats.inside_total, :<=, alone * 1.4,
                     "hook: #{hook}; Ruby alone: #{alone}; #{stats.to_h}"
+  end
+
+  # Once the worker is warm (regrow_after requests), the pad glibc keeps at
+  # the top of its arenas covers what a GC between requests frees; before,
+  # glibc's thresholds are left to adapt.
+  def test_sets_the_malloc_pad_once_warm
+    in_fresh_process do
+      oob = Memkit::OobGC.new(MALLOCS, regrow_after: 30)
+      serve(oob, 29, hook: :after_reply)
+      assert_operator Memkit::OobGC.stats.oob_total, :>, 0
+      assert_equal 0, Memkit::OobGC.stats.malloc_pad
+      serve(oob, 30, hook: :after_reply)
+      pad = Memkit::OobGC.stats.malloc_pad
+      assert_operator pad, :>=, 8 << 20, "twice one request's 4 MB at least: #{Memkit::OobGC.stats.to_h}"
+      assert_operator pad, :<=, 64 << 20
+      assert_equal 0, pad % (1 << 20)
+    end
+  end
+
+  def test_malloc_pad_false_leaves_glibc_alone
+    in_fresh_process do
+      serve(Memkit::OobGC.new(MALLOCS, regrow_after: 30, malloc_pad: false), 60, hook: :after_reply)
+      assert_operator Memkit::OobGC.stats.oob_total, :>, 0
+      assert_equal 0, Memkit::OobGC.stats.malloc_pad
+    end
   end
 
   # Requests that malloc more than Ruby's malloc limit holds for the next

@@ -56,6 +56,33 @@ class LibcTest < Minitest::Test
     assert_includes [true, false], Libc.malloc_trim
   end
 
+  # In a fresh process (glibc's thresholds as at start): 40 MB of blocks
+  # below the mmap threshold, freed at once, go back to the kernel; with a
+  # 64 MB top pad they stay, for the next ones to reuse.
+  def test_a_top_pad_keeps_freed_memory_at_the_top_of_the_heap
+    skip "needs glibc" unless glibc?
+
+    script = <<~'RUBY'
+      require "memkit/libc"
+      rss = -> { File.read("/proc/self/statm").split[1].to_i * 4096 }
+      pad = ARGV[0] == "pad" ? Memkit::Libc.mallopt_top_pad(64 << 20) : nil
+      blocks = Array.new(400) { "x" * 100_000 }
+      before = rss.()
+      blocks = nil
+      GC.start
+      puts [pad.inspect, (before - rss.()) >> 20, blocks.inspect].join(" ")
+    RUBY
+    released = %w[none pad].to_h do |mode|
+      out, err, status = Open3.capture3(RbConfig.ruby, "--disable-gems", "-I", LIB, "-e", script, mode)
+      assert status.success?, err
+      set, mb, = out.split
+      assert_equal mode == "pad" ? "true" : "nil", set
+      [mode, mb.to_i]
+    end
+    assert_operator released.fetch("none"), :>=, 30, released
+    assert_operator released.fetch("pad"), :<=, 5, released
+  end
+
   def test_malloc_address_and_program_break_are_integers
     skip "needs glibc" unless glibc?
 
@@ -77,11 +104,12 @@ class LibcTest < Minitest::Test
       end
       require "memkit/libc"
       l = Memkit::Libc
-      p [l.malloc_trim?, l.malloc_trim, l.mallinfo2?, l.mallinfo2, l.jemalloc?, l.program_break]
+      p [l.malloc_trim?, l.malloc_trim, l.mallinfo2?, l.mallinfo2, l.jemalloc?, l.program_break,
+         l.mallopt_top_pad(1 << 20)]
     RUBY
     out, err, status = Open3.capture3(RbConfig.ruby, "-I", LIB, "-e", script)
     assert status.success?, err
-    assert_equal "[false, nil, false, nil, false, nil]\n", out
+    assert_equal "[false, nil, false, nil, false, nil, nil]\n", out
   end
 
   def test_jemalloc_is_seen_when_preloaded
