@@ -12,16 +12,17 @@ module Memkit
     # requests frees, at once, everything malloc'd since the last GC, when
     # nothing of it is live any more: on Puma, whose request thread has an
     # arena of its own, glibc gave back 16 MB after each GC of the "huge"
-    # shape and the next request faulted it back in, 1,400 page faults a
-    # request where Ruby alone, collecting lazily inside requests, had none;
-    # 0.73x its throughput (docs/BENCHMARKS.md, "OobGC and glibc's trim").
-    # With the pad covering twice the malloc'd bytes a GC frees, what glibc
-    # keeps is the memory the next requests use again.
+    # shape and the next request faulted it back in: about 1,470 page faults
+    # a request where Ruby alone, collecting lazily inside requests, had at
+    # most 120, and 0.72x its throughput; 44 faults and 0.94x with this pad
+    # (docs/BENCHMARKS.md, "OobGC and glibc's trim"). Covering twice the
+    # malloc'd bytes a GC frees, what glibc keeps is the memory the next
+    # requests use again (once those bytes left 770 faults a request).
     #
     # Setting any of glibc's malloc parameters also freezes its mmap
     # threshold, which glibc otherwise raises as large blocks are freed: set
-    # at a worker's first request, the threshold stayed at 128 kB and large
-    # blocks were mmap'd afresh each time. So the collector sets the pad only
+    # at a worker's first request, it stayed low and 1-4 MB blocks were
+    # mmap'd afresh each time. So the collector sets the pad only
     # once the worker has warmed up. The pad only grows, up to max_bytes, and
     # is process-wide, as glibc's parameter is. Where there is no mallopt
     # (musl, macOS) or glibc refuses the value, nothing is set again.
