@@ -134,7 +134,9 @@ class CLITest < Minitest::Test
   def test_watch_stops_cleanly_on_interrupt
     stdin, stdout, stderr, wait = Open3.popen3(RbConfig.ruby, EXE, "tree", Process.pid.to_s, "--watch", "0.1")
     stdin.close
-    wait_until(message: "two redraws") { (@seen = (@seen || +"") << stdout.readpartial(4096)).scan(/^\s*total/).size >= 2 }
+    # Each redraw reads this test process's whole tree: on a loaded machine
+    # two took more than 10 s.
+    wait_until(timeout: 60, message: "two redraws") { (@seen = (@seen || +"") << stdout.readpartial(4096)).scan(/^\s*total/).size >= 2 }
     Process.kill(:INT, wait.pid)
     status = wait.value
     assert_equal 0, status.exitstatus

@@ -224,14 +224,16 @@ class DoctorTest < Minitest::Test
   def test_the_probe_is_killed_with_its_children_when_the_timeout_passes
     Dir.mktmpdir do |dir|
       threads = Thread.list.size
-      # Forks like the real probe, says who it and its child are, and would outlive any test run.
-      result = run_probe(dir, "slow.rb", <<~RUBY, timeout: 0.5)
+      # Forks like the real probe, says who it and its child are, and would
+      # outlive any test run. 5 s: on a loaded machine (three lanes on two
+      # cores) a Ruby took more than 0.5 s to boot and fork.
+      result = run_probe(dir, "slow.rb", <<~RUBY, timeout: 5)
         child = fork { sleep 600 }
         File.write(File.join(ARGV[0], "pids"), [Process.pid, child].join(" "))
         sleep 600
       RUBY
       assert result[:timed_out]
-      assert_equal "the probe did not finish within 0.5s and was stopped", result[:skipped]
+      assert_equal "the probe did not finish within 5s and was stopped", result[:skipped]
       assert_equal threads, Thread.list.size, "the runner starts no threads"
       pids = File.read(File.join(dir, "pids")).split.map(&:to_i)
       assert_equal 2, pids.size
