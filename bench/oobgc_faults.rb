@@ -65,7 +65,9 @@ module OobgcFaults
       ensure
         Memkit::ServersHelper.stop_server(srv)
       end
-      probes = Dir[File.join(dir, "gc-*.json")].to_h { |f| [Integer(f[/gc-(\d+)\.json\z/, 1]), JSON.parse(File.read(f))] }
+      probes = Dir[File.join(dir, "gc-*.json")].to_h do |f|
+        [Integer(f[/gc-(\d+)\.json\z/, 1]), JSON.parse(File.read(f))]
+      end
       counted = probes.slice(*faults.keys)
       requests = counted.values.sum { |p| p["requests"] }
       per = ->(total) { requests.zero? ? 0.0 : total.fdiv(requests) }
@@ -78,9 +80,10 @@ module OobgcFaults
     end
   end
 
-  # Minor page faults of the process so far (/proc/PID/stat field 10).
+  # Minor page faults of the process so far (/proc/PID/stat's minflt).
   def minflt(pid)
-    Integer(File.read("/proc/#{pid}/stat").split(") ").last.split.fetch(7))
+    fields = Memkit::ProcFS.stat_fields(pid) or raise "worker #{pid} is gone"
+    Integer(fields.fetch(7))
   end
 
   def report(rows)
@@ -90,7 +93,9 @@ module OobgcFaults
                 "rps_x", "cpu_x", "rss_x")
     rows.group_by { |r| [r[:server], r[:shape]] }.each do |(server, shape), cells|
       by_mode = cells.group_by { |r| r[:mode] }.transform_values do |rs|
-        %i[rps faults_per_req cpu_ms_per_req gc_ms_per_req rss_mb].to_h { |k| [k, median(rs.map { |r| r[k] })] }
+        %i[rps faults_per_req cpu_ms_per_req gc_ms_per_req rss_mb].to_h do |k|
+          [k, OobgcMatrix.median(rs.map { |r| r[k] })]
+        end
       end
       none = by_mode.fetch("none")
       MODES.each_key do |mode|
@@ -100,12 +105,6 @@ module OobgcFaults
                     m[:rps] / none[:rps], m[:cpu_ms_per_req] / none[:cpu_ms_per_req], m[:rss_mb] / none[:rss_mb])
       end
     end
-  end
-
-  def median(values)
-    sorted = values.sort
-    mid = sorted.size / 2
-    sorted.size.odd? ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2.0
   end
 end
 
