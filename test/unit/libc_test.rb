@@ -23,6 +23,7 @@ class LibcTest < Minitest::Test
 
     assert Libc.malloc_trim?
     assert Libc.mallinfo2?
+    assert Libc.mallopt?
   end
 
   def test_mallinfo2_sees_a_large_malloc_in_use_and_freed
@@ -105,11 +106,11 @@ class LibcTest < Minitest::Test
       require "memkit/libc"
       l = Memkit::Libc
       p [l.malloc_trim?, l.malloc_trim, l.mallinfo2?, l.mallinfo2, l.jemalloc?, l.program_break,
-         l.mallopt_top_pad(1 << 20)]
+         l.mallopt?, l.mallopt_top_pad(1 << 20)]
     RUBY
     out, err, status = Open3.capture3(RbConfig.ruby, "-I", LIB, "-e", script)
     assert status.success?, err
-    assert_equal "[false, nil, false, nil, false, nil, nil]\n", out
+    assert_equal "[false, nil, false, nil, false, nil, false, nil]\n", out
   end
 
   def test_jemalloc_is_seen_when_preloaded

@@ -11,10 +11,13 @@ class OobGCMallocPadTest < Minitest::Test
   class FakeLibc
     attr_reader :calls
 
-    def initialize(*answers)
+    def initialize(*answers, mallopt: true)
       @answers = answers
+      @mallopt = mallopt
       @calls = []
     end
+
+    def mallopt? = @mallopt
 
     def mallopt_top_pad(bytes)
       @calls << bytes
@@ -58,6 +61,13 @@ class OobGCMallocPadTest < Minitest::Test
       assert_equal 0, pad.cover(30 * MB)
       assert_equal [16 * MB], libc.calls, "answer #{answer.inspect}"
     end
+  end
+
+  def test_without_mallopt_it_never_asks
+    libc = FakeLibc.new(mallopt: false)
+    pad = Memkit::OobGC::MallocPad.new(max_bytes: 64 * MB, libc: libc)
+    assert_equal 0, pad.cover(8 * MB)
+    assert_empty libc.calls
   end
 
   def test_nothing_freed_sets_nothing
