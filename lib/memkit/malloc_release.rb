@@ -1,6 +1,8 @@
 # frozen_string_literal: true
 
+require "etc"
 require_relative "libc"
+require_relative "malloc_release/pacing"
 
 module Memkit
   # Gives glibc's free memory back to the kernel after each major GC, in
@@ -22,7 +24,9 @@ module Memkit
   # requests (about 0.17 ms per MB; bench/malloc_release_cost.rb) cost
   # little: 0.97x the requests per second on the app shape. A minor GC
   # frees as much garbage, but runs every few requests: trimming there
-  # would trade the same pages back and forth.
+  # would trade the same pages back and forth. An app that mallocs as much
+  # again between two majors does the same at majors: Pacing spaces the
+  # trims out while what they give back comes back.
   #
   # How, with no C and no server hook: an object with a finalizer, allocated
   # and dropped, is freed by the next GC, and Ruby then runs its finalizer;
@@ -34,7 +38,12 @@ module Memkit
     @at_exit = false
     @majors = 0
     @releases = 0
+    @put_off = 0
+    @pacing = nil
+    @pacing_pid = nil
     @lock = Mutex.new
+    PAGE_SIZE = Etc.sysconf(Etc::SC_PAGESIZE)
+    private_constant :PAGE_SIZE
 
     class << self
       # Starts watching, once per process (children forked later inherit
@@ -63,8 +72,9 @@ module Memkit
 
       def started? = @started
 
-      # Trims done in this process (a forked child starts from its parent's).
-      attr_reader :releases
+      # Trims done in this process, and majors whose trim Pacing put off (a
+      # forked child starts from its parent's counts).
+      attr_reader :releases, :put_off
 
       # Whether a GC that ran since the last check calls for a trim: a major
       # ran (majors: GC.stat(:major_gc_count) now, last: at the last trim).
@@ -80,12 +90,35 @@ module Memkit
         return unless due?(majors, @majors)
 
         @majors = majors
+        unless pacing.trim?
+          @put_off += 1
+          return
+        end
+
         finish_sweep
+        before = rss
         Libc.malloc_trim
+        pacing.trimmed(before, rss)
         @releases += 1
       end
 
       private
+
+      # This process's own: a child's RSS says nothing of its parent's trims.
+      def pacing
+        unless @pacing_pid == Process.pid
+          @pacing = Pacing.new
+          @pacing_pid = Process.pid
+        end
+        @pacing
+      end
+
+      # Resident bytes (statm's second field); nil where /proc is missing.
+      def rss
+        File.read("/proc/self/statm").split[1].to_i * PAGE_SIZE
+      rescue SystemCallError
+        nil
+      end
 
       def arm
         @armed = true

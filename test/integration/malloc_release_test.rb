@@ -44,6 +44,15 @@ class MallocReleaseTest < Minitest::Test
     end
   end
 
+  # An app that mallocs as much again between two majors only takes back,
+  # through page faults, what each trim gave: the trims space out (Pacing),
+  # and one whose memory stays given back trims again at the next major.
+  def test_trims_space_out_while_their_memory_comes_back
+    skip "no malloc_trim in this process" unless Memkit::Libc.malloc_trim?
+
+    in_fresh_process { trims_space_out }
+  end
+
   def test_start_says_false_where_glibc_has_no_malloc_trim
     Memkit::Libc.stub(:malloc_trim?, false) do
       refute Memkit::MallocRelease.start
@@ -83,6 +92,33 @@ class MallocReleaseTest < Minitest::Test
     wait_for { Memkit::MallocRelease.releases - before >= GC.stat(:major_gc_count) - majors }
     result = { releases: Memkit::MallocRelease.releases - before, majors: GC.stat(:major_gc_count) - majors }
     assert_equal result[:majors], result[:releases], result.inspect
+  end
+
+  def trims_space_out
+    Memkit::MallocRelease.start
+    GC.start
+    wait_for { Memkit::MallocRelease.releases >= 1 }
+    releases = Memkit::MallocRelease.releases
+    put_off = Memkit::MallocRelease.put_off
+    majors = GC.stat(:major_gc_count)
+    10.times do
+      garbage = Array.new(40_000) { |i| "x" * (600 + (i % 800)) }
+      garbage = nil # rubocop:disable Lint/UselessAssignment -- dropped for the GC
+      GC.start
+      sleep 0.01
+    end
+    churned = { releases: Memkit::MallocRelease.releases - releases, put_off: Memkit::MallocRelease.put_off - put_off,
+                majors: GC.stat(:major_gc_count) - majors }
+    # Two majors before Ruby runs the finalizer count once.
+    assert_operator churned[:put_off], :>=, 4, churned.inspect
+    assert_operator churned[:releases], :<=, churned[:majors] - churned[:put_off], churned.inspect
+    # Nothing malloc'd again: the next trim runs, and the one after.
+    quiet = Memkit::MallocRelease.releases
+    30.times do
+      GC.start
+      sleep 0.01
+    end
+    assert_operator Memkit::MallocRelease.releases - quiet, :>=, 10, "trims after the churn ended"
   end
 
   def wait_for(seconds = 5)
