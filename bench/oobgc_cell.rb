@@ -1,0 +1,38 @@
+# frozen_string_literal: true
+
+# One cell of bench/oobgc_matrix.rb, with a file of your own required
+# right after memkit in the app (a patch to try, a probe to attach):
+#
+#   flock /tmp/memkit-bench.lock bundle exec ruby -Ilib bench/oobgc_cell.rb MODE SHAPE SERVER [PACE_MS] [FILE]
+#
+# MODE: none, memkit, memkit_plugin; SHAPE: a key of OobgcMatrix::SHAPES;
+# SERVER: unicorn, puma, puma_close; PACE_MS: 0 (saturated, the default) or
+# each connection's pause between requests. Prints wrk's requests per
+# second and, per worker, what its probe counted after the warm-up.
+require_relative "oobgc_matrix"
+
+mode, shape, server, pace, file = ARGV
+abort "usage: #{$PROGRAM_NAME} MODE SHAPE SERVER [PACE_MS] [FILE]" unless mode && shape && server
+kind, close = OobgcMatrix::SERVERS.fetch(server)
+Dir.mktmpdir("memkit-oobgc-cell") do |dir|
+  extra = kind == :puma ? "#{'plugin :memkit' if mode == 'memkit_plugin'}\n#{OobgcBenchRunner::PUMA_FLUSH}" : ""
+  source = OobgcMatrix.app_source(mode, dir)
+  source = source.sub('require "memkit"', "require \"memkit\"\nrequire #{File.expand_path(file).inspect}") if file
+  srv = Memkit::ServersHelper.start_server(kind, source, dir: dir, port: Memkit::Loopback.free_port,
+                                                         env: OobgcMatrix::SHAPES.fetch(shape).merge("OOBGC_SKIP" => "0"), extra: extra)
+  url = "http://127.0.0.1:#{srv.port}/"
+  begin
+    OobgcMatrix.warm(url, dir, { connections: 4 }, close)
+    FileUtils.touch(File.join(dir, "reset"))
+    sleep 0.3
+    out = OobgcMatrix.wrk(url, 8, { connections: 4 }, pace.to_i, close, nil)
+  ensure
+    Memkit::ServersHelper.stop_server(srv)
+  end
+  puts out[/Requests\/sec:.*/]
+  OobgcMatrix.probes(dir).each do |p|
+    n = [p["requests"], 1].max
+    puts format("  worker: req %d cpu/req %.2f ms rss %d MB gc %d major %d", p["requests"], p["cpu_ms"] / n,
+                p["rss_kb"] / 1024, p["gc_total"], p["gc_major"])
+  end
+end
