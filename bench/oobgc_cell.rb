@@ -18,8 +18,8 @@ Dir.mktmpdir("memkit-oobgc-cell") do |dir|
   extra = kind == :puma ? "#{'plugin :memkit' if mode == 'memkit_plugin'}\n#{OobgcBenchRunner::PUMA_FLUSH}" : ""
   source = OobgcMatrix.app_source(mode, dir)
   source = source.sub('require "memkit"', "require \"memkit\"\nrequire #{File.expand_path(file).inspect}") if file
-  srv = Memkit::ServersHelper.start_server(kind, source, dir: dir, port: Memkit::Loopback.free_port,
-                                                         env: OobgcMatrix::SHAPES.fetch(shape).merge("OOBGC_SKIP" => "0"), extra: extra)
+  env = OobgcMatrix::SHAPES.fetch(shape).merge("OOBGC_SKIP" => "0")
+  srv = Memkit::ServersHelper.start_server(kind, source, dir: dir, port: Memkit::Loopback.free_port, env: env, extra: extra)
   url = "http://127.0.0.1:#{srv.port}/"
   begin
     OobgcMatrix.warm(url, dir, { connections: 4 }, close)

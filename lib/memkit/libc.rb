@@ -42,11 +42,11 @@ module Memkit
         fn.call(0) == 1
       end
 
+      def mallopt? = !function(:mallopt).nil?
+
       # glibc's M_TOP_PAD: the free bytes each arena keeps at its top when it
       # gives memory back to the kernel (see OobGC::MallocPad). true if set,
       # false if refused (musl's mallopt refuses all), nil where unavailable.
-      def mallopt? = !function(:mallopt).nil?
-
       def mallopt_top_pad(bytes)
         fn = function(:mallopt) or return nil
         fn.call(M_TOP_PAD, bytes) == 1

@@ -35,8 +35,8 @@ class MallocReleasePacingTest < Minitest::Test
     trims = run_majors(pace, 16, high: 150 * MB, low: 100 * MB)
     # The first two trim (the second finds the first's 50 MB back); then
     # waits of 1, 2, 4 and 8 majors.
-    assert_equal [true, true, false, true, false, false, true, false, false, false, false, true, false, false, false, false],
-                 trims
+    expected = [true, true, false, true, false, false, true, false, false, false, false, true, false, false, false, false]
+    assert_equal expected, trims
     assert_equal 8, pace.wait
   end
 

@@ -8,10 +8,10 @@ module Memkit
     # A trim pays off when what it gives back stays given back. An app that
     # mallocs as much again before its next major only takes the pages back
     # through page faults: on the "malloc" shape (8 MB malloc'd a request,
-    # a major every ~60 requests on Ruby 3.1) each trim gave back 40-50 MB
-    # that the next requests faulted in again, and a Puma worker served
-    # 150-300 requests/s with the trims where it served 490-1,000 without
-    # (docs/BENCHMARKS.md, "malloc release on a malloc-heavy app"). So when
+    # a major every ~80 requests on Ruby 3.1) each trim gave back 40-130 MB
+    # that the next requests faulted in again, and a Puma worker spent
+    # 6.6-8.0 ms of CPU a request with a trim at every major, 2.2-3.1 ms
+    # paced (docs/BENCHMARKS.md, "malloc release on a malloc-heavy app"). So when
     # the RSS has grown back by half of what the last trim gave back, the
     # next trims wait for twice as many majors as before (at most
     # MAX_WAIT); a trim whose memory stayed given back puts the wait back
