@@ -53,6 +53,34 @@ class MallocReleaseTest < Minitest::Test
     in_fresh_process { trims_space_out }
   end
 
+  # Under GC.stress every allocation runs a major; a trim and an RSS
+  # reading at each made a stress test run for minutes.
+  def test_gc_stress_runs_no_trims
+    skip "no malloc_trim in this process" unless Memkit::Libc.malloc_trim?
+
+    in_fresh_process do
+      Memkit::MallocRelease.start
+      pid = fork do
+        GC.start
+        wait_for { Memkit::MallocRelease.releases >= 1 }
+        before = Memkit::MallocRelease.releases
+        GC.stress = true
+        Array.new(20) { |i| "s#{i}" }
+        GC.stress = false
+        # The first GC after the stress may trim once for the majors it ran.
+        exit!(Memkit::MallocRelease.releases - before <= 1 ? 0 : 1)
+      end
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 30
+      sleep 0.1 until Process.wait(pid, Process::WNOHANG) || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+      unless $?&.pid == pid
+        Process.kill(:KILL, pid)
+        Process.wait(pid)
+        flunk "20 allocations under GC.stress did not finish in 30 s"
+      end
+      assert_predicate $?, :success?, "more than one trim under GC.stress"
+    end
+  end
+
   def test_start_says_false_where_glibc_has_no_malloc_trim
     Memkit::Libc.stub(:malloc_trim?, false) do
       refute Memkit::MallocRelease.start
