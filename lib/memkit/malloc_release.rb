@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-require "etc"
+require_relative "../memkit"
 require_relative "libc"
 require_relative "malloc_release/pacing"
 
@@ -42,8 +42,6 @@ module Memkit
     @pacing = nil
     @pacing_pid = nil
     @lock = Mutex.new
-    PAGE_SIZE = Etc.sysconf(Etc::SC_PAGESIZE)
-    private_constant :PAGE_SIZE
 
     class << self
       # Starts watching, once per process (children forked later inherit
@@ -118,10 +116,10 @@ module Memkit
         @pacing
       end
 
-      # Resident bytes (statm's second field); nil where /proc is missing.
+      # nil where /proc is missing.
       def rss
-        File.read("/proc/self/statm").split[1].to_i * PAGE_SIZE
-      rescue SystemCallError
+        Memkit.rss
+      rescue Memkit::Error
         nil
       end
 

@@ -19,15 +19,20 @@ class MallocReleasePacingTest < Minitest::Test
     end
   end
 
-  def test_memory_that_stays_given_back_trims_every_major
+  # Trims once per [before, after] reading, each at a major that must
+  # trim; returns the wait that leaves.
+  def wait_after(*readings)
     pace = pacing
-    assert pace.trim?
-    pace.trimmed(200 * MB, 120 * MB)
-    [125, 122, 130].each do |rss|
+    readings.each do |before, after|
       assert pace.trim?
-      pace.trimmed(rss * MB, 118 * MB)
+      pace.trimmed(before, after)
     end
-    assert_equal 0, pace.wait
+    pace.wait
+  end
+
+  def test_memory_that_stays_given_back_trims_every_major
+    readings = [[200 * MB, 120 * MB]] + [125, 122, 130].map { |rss| [rss * MB, 118 * MB] }
+    assert_equal 0, wait_after(*readings)
   end
 
   def test_memory_that_grows_back_spaces_the_trims_out_doubling
@@ -63,29 +68,14 @@ class MallocReleasePacingTest < Minitest::Test
   end
 
   def test_growing_back_less_than_half_is_not_churn
-    pace = pacing
-    assert pace.trim?
-    pace.trimmed(150 * MB, 100 * MB)
-    assert pace.trim?
-    pace.trimmed((124 * MB), 100 * MB)
-    assert_equal 0, pace.wait
+    assert_equal 0, wait_after([150 * MB, 100 * MB], [124 * MB, 100 * MB])
   end
 
   def test_without_rss_readings_every_major_trims
-    pace = pacing
-    5.times do
-      assert pace.trim?
-      pace.trimmed(nil, nil)
-    end
-    assert_equal 0, pace.wait
+    assert_equal 0, wait_after(*Array.new(5) { [nil, nil] })
   end
 
   def test_a_trim_that_gave_nothing_back_is_not_churn
-    pace = pacing
-    assert pace.trim?
-    pace.trimmed(100 * MB, 100 * MB)
-    assert pace.trim?
-    pace.trimmed(180 * MB, 100 * MB)
-    assert_equal 0, pace.wait
+    assert_equal 0, wait_after([100 * MB, 100 * MB], [180 * MB, 100 * MB])
   end
 end
