@@ -101,6 +101,7 @@ module OobgcBench
       @base_major = GC.stat(:major_gc_count)
       @base_time = GC.stat(:time)
       @base_cpu = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID, :float_millisecond)
+      @base_grow = defined?(Memkit::OobGC::Counters) ? Memkit::OobGC.stats.grow_runs : 0
       @inside = 0
       @inside_major = 0
       @requests = 0
@@ -120,7 +121,7 @@ module OobgcBench
 
     def oob_stats
       s = Memkit::OobGC.stats
-      { grow_runs: s.grow_runs, heap_grown_bytes: s.heap_grown_bytes, heap_bytes: s.heap_bytes, gave_up: s.gave_up,
+      { grow_runs: s.grow_runs, grow_runs_counted: s.grow_runs - @base_grow, heap_grown_bytes: s.heap_grown_bytes, heap_bytes: s.heap_bytes, gave_up: s.gave_up,
         boot_env: s.boot_env, policy: s.policy }
     end
   end

@@ -8,7 +8,7 @@
 # MODE: none, memkit, memkit_plugin; SHAPE: a key of OobgcMatrix::SHAPES;
 # SERVER: unicorn, puma, puma_close; PACE_MS: 0 (saturated, the default) or
 # each connection's pause between requests. Prints wrk's requests per
-# second and, per worker, what its probe counted after the warm-up.
+# second, p50 and p99 latency and, per worker, what its probe counted after the warm-up.
 require_relative "oobgc_matrix"
 
 mode, shape, server, pace, file = ARGV
@@ -29,10 +29,12 @@ Dir.mktmpdir("memkit-oobgc-cell") do |dir|
   ensure
     Memkit::ServersHelper.stop_server(srv)
   end
-  puts out[/Requests\/sec:.*/]
+  puts out[/Requests\/sec:.*/], "p50 #{out[/^\s+50%\s+(\S+)/, 1]} p99 #{out[/^\s+99%\s+(\S+)/, 1]}"
   OobgcMatrix.probes(dir).each do |p|
     n = [p["requests"], 1].max
-    puts format("  worker: req %d cpu/req %.2f ms rss %d MB gc %d major %d", p["requests"], p["cpu_ms"] / n,
-                p["rss_kb"] / 1024, p["gc_total"], p["gc_major"])
+    grown = p["oob"] && format(" heap growths %d (%d counted), %d MB grown", p["oob"]["grow_runs"],
+                               p["oob"]["grow_runs_counted"], p["oob"]["heap_grown_bytes"] >> 20)
+    puts format("  worker: req %d cpu/req %.2f ms gc_ms/req %.2f rss %d MB gc %d major %d%s", p["requests"],
+                p["cpu_ms"] / n, p["gc_ms"].to_f / n, p["rss_kb"] / 1024, p["gc_total"], p["gc_major"], grown)
   end
 end

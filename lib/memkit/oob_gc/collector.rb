@@ -479,7 +479,7 @@ module Memkit
           if added
             Counters.grew(added)
             after = self.class.reading
-            @policy.collected(:major, after)
+            @policy.collected(@growth.last_kind, after)
             # Each attempt costs major GCs: one that won Ruby over less than
             # half the slots asked for (or, one step at a time, none) waits
             # twice as long before the next.

@@ -14,6 +14,15 @@ module Memkit
     # It repeats until the pool has the slots wanted (or stops growing),
     # then drops the fillers and collects them.
     #
+    # Within RVALUE_OLD_AGE (3) GCs of a major, Ruby grows a heap a minor GC
+    # leaves short instead of asking for a major (gc_marks_finish on 3.1,
+    # gc_sweep_finish_size_pool on 3.3), and fillers that have survived
+    # fewer GCs than that are still young: so the rounds there, and the GC
+    # that frees the fillers, are minors, which mark the fillers but not the
+    # old heap. With all majors, a growth held a Puma worker of the "cache"
+    # shape (a million old objects, Ruby 3.3) for 400-800 ms, and the requests
+    # queued behind it set the p99 (docs/BENCHMARKS.md).
+    #
     # What Ruby does next (verified with bench/oobgc_grow_probe.rb on 3.1,
     # 3.3 and 3.4): a later GC that finds more than 65% of the heap free
     # (GC_HEAP_FREE_SLOTS_MAX_RATIO) gives empty pages back, down to that
@@ -28,6 +37,11 @@ module Memkit
       # the fill leaves the pool about 85% live.
       STEP = 0.45
       ROUNDS = 6
+      OLD_AGE = 3
+      # Where the slots a growth adds are a count shared by the pools
+      # (GC.stat's heap_allocatable_slots, Ruby 3.4), a minor GC that leaves
+      # the heap mostly free takes them back; only majors keep them.
+      MINOR_GROWS = !GC.stat.key?(:heap_allocatable_slots)
 
       attr_reader :grown_bytes
 
@@ -71,6 +85,11 @@ module Memkit
       # pages added (0 if Ruby would not grow), or nil if no step fit the
       # budget (no GC run).
       def grow(want, policy, rounds: ROUNDS, one_past: false, order: want.each_index)
+        # Mid-sweep, the unswept garbage counts both as live and as free
+        # (Policy#free reads the mark): the fill overran the pool and
+        # started GCs of Ruby's own, a major among them.
+        GC.enable unless GC.disable
+        @major_at = GC.count if GC.latest_gc_info(:major_by)
         before = page_bytes
         held = []
         ran = 0
@@ -91,16 +110,22 @@ module Memkit
             break if past && !(one_past && round.zero? && ran.zero?)
 
             fill(i, now, held)
-            GC.start(full_mark: true, immediate_sweep: true)
+            collect(minor: @major_at && GC.count + 1 - @major_at < OLD_AGE)
             ran += 1
-            break if capacity(policy, i) <= now # Ruby did not grow it
+            # 3.3 grows a pool at a minor only once its allocatable pages are
+            # spent; where the fill left some, a major grows it.
+            if last_kind == :minor && !grew?(policy, i, now)
+              collect(minor: false)
+              ran += 1
+            end
+            break unless grew?(policy, i, now)
           end
         end
         # No round fit the budget: nothing to drop, no major to run.
         return if ran.zero?
 
         held.clear
-        GC.start(full_mark: true, immediate_sweep: true)
+        collect(minor: ran < OLD_AGE)
         added = [page_bytes - before, 0].max
         @grown_bytes += added
         added
@@ -124,9 +149,22 @@ module Memkit
         end
       end
 
+      # The kind of the last GC #grow ran: :major or :minor.
+      def last_kind = @major_at == GC.count ? :major : :minor
+
       private
 
       def page_bytes = self.class.page_bytes
+
+      # Ruby's smallest growth step is 1.1x; a pool's capacity moves by a
+      # few slots between readings without one (pages of unequal slots).
+      def grew?(policy, index, before) = capacity(policy, index) > before * 1.05
+
+      # A minor becomes a major where Ruby has one pending.
+      def collect(minor:)
+        GC.start(full_mark: !(minor && MINOR_GROWS), immediate_sweep: true)
+        @major_at = GC.count if GC.latest_gc_info(:major_by)
+      end
 
       def pools? = @pools
 
