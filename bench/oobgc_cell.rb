@@ -15,19 +15,11 @@ mode, shape, server, pace, file = ARGV
 abort "usage: #{$PROGRAM_NAME} MODE SHAPE SERVER [PACE_MS] [FILE]" unless mode && shape && server
 kind, close = OobgcMatrix::SERVERS.fetch(server)
 Dir.mktmpdir("memkit-oobgc-cell") do |dir|
-  extra = kind == :puma ? "#{'plugin :memkit' if mode == 'memkit_plugin'}\n#{OobgcBenchRunner::PUMA_FLUSH}" : ""
+  extra = mode == "memkit_plugin" ? "plugin :memkit" : ""
   source = OobgcMatrix.app_source(mode, dir)
   source = source.sub('require "memkit"', "require \"memkit\"\nrequire #{File.expand_path(file).inspect}") if file
-  env = OobgcMatrix::SHAPES.fetch(shape).merge("OOBGC_SKIP" => "0")
-  srv = Memkit::ServersHelper.start_server(kind, source, dir: dir, port: Memkit::Loopback.free_port, env: env, extra: extra)
-  url = "http://127.0.0.1:#{srv.port}/"
-  begin
-    OobgcMatrix.warm(url, dir, { connections: 4 }, close)
-    FileUtils.touch(File.join(dir, "reset"))
-    sleep 0.3
-    out = OobgcMatrix.wrk(url, 8, { connections: 4 }, pace.to_i, close, nil)
-  ensure
-    Memkit::ServersHelper.stop_server(srv)
+  out = OobgcMatrix.serve(kind, shape, source, dir, { connections: 4 }, close, extra: extra) do |url|
+    OobgcMatrix.wrk(url, 8, { connections: 4 }, pace.to_i, close, nil)
   end
   puts out[/Requests\/sec:.*/], "p50 #{out[/^\s+50%\s+(\S+)/, 1]} p99 #{out[/^\s+99%\s+(\S+)/, 1]}"
   OobgcMatrix.probes(dir).each do |p|

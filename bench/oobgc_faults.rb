@@ -48,22 +48,13 @@ module OobgcFaults
   def cell(kind, shape, mode, duration)
     Dir.mktmpdir("memkit-oobgc-faults") do |dir|
       source = MODES.fetch(mode).call(OobgcMatrix.app_source(mode == "none" ? "none" : "memkit", dir))
-      extra = kind == :puma ? OobgcBenchRunner::PUMA_FLUSH : ""
-      env = OobgcMatrix::SHAPES.fetch(shape).merge("OOBGC_SKIP" => "0")
-      srv = Memkit::ServersHelper.start_server(kind, source, dir: dir, port: Memkit::Loopback.free_port, env: env,
-                                                             extra: extra)
-      url = "http://127.0.0.1:#{srv.port}/"
       faults = {}
-      begin
-        OobgcMatrix.warm(url, dir, { connections: 4 }, false)
+      out = OobgcMatrix.serve(kind, shape, source, dir, { connections: 4 }, false) do |url|
         pids = Dir[File.join(dir, "warm-*")].map { |f| Integer(f[/warm-(\d+)\z/, 1]) }
-        FileUtils.touch(File.join(dir, "reset"))
-        sleep 0.3
         before = pids.to_h { |pid| [pid, minflt(pid)] }
-        out = OobgcMatrix.wrk(url, duration, { connections: 4 }, 0, false, nil)
+        wrk = OobgcMatrix.wrk(url, duration, { connections: 4 }, 0, false, nil)
         faults = pids.to_h { |pid| [pid, minflt(pid) - before.fetch(pid)] }
-      ensure
-        Memkit::ServersHelper.stop_server(srv)
+        wrk
       end
       probes = Dir[File.join(dir, "gc-*.json")].to_h do |f|
         [Integer(f[/gc-(\d+)\.json\z/, 1]), JSON.parse(File.read(f))]

@@ -125,18 +125,10 @@ module OobgcMatrix
   def cell(kind, close, shape, mode, pace, opts)
     Dir.mktmpdir("memkit-oobgc-matrix") do |dir|
       extra = mode == "memkit_plugin" ? "plugin :memkit" : ""
-      extra += "\n#{OobgcBenchRunner::PUMA_FLUSH}" if kind == :puma
-      env = SHAPES.fetch(shape).merge("OOBGC_SKIP" => "0")
-      srv = Memkit::ServersHelper.start_server(kind, app_source(mode, dir), dir: dir, port: Memkit::Loopback.free_port,
-                                                                         env: env, extra: extra)
-      url = "http://127.0.0.1:#{srv.port}/"
-      begin
-        warm_seconds = warm(url, dir, opts, close)
-        FileUtils.touch(File.join(dir, "reset"))
-        sleep 0.3 # the probe zeroes at its first request once 0.2 s have passed since its last check
-        out = wrk(url, opts[:duration], opts, pace, close, File.join(dir, "latency.txt"))
-      ensure
-        Memkit::ServersHelper.stop_server(srv)
+      warm_seconds = nil
+      out = serve(kind, shape, app_source(mode, dir), dir, opts, close, extra: extra) do |url, warmed|
+        warm_seconds = warmed
+        wrk(url, opts[:duration], opts, pace, close, File.join(dir, "latency.txt"))
       end
       probes = OobgcMatrix.probes(dir)
       warn "#{kind} #{shape} #{mode}: #{probes.size} of 2 workers wrote figures (none from a worker that served no request after the reset)" if probes.size < 2
@@ -152,6 +144,26 @@ module OobgcMatrix
         gave_up: oob.map { |o| o["gave_up"] }.compact.first, boot_env: oob.map { |o| o["boot_env"] }.compact.first,
         cold: 2 - Dir[File.join(dir, "warm-*")].size, warm_s: warm_seconds
       )
+    end
+  end
+
+  # Boots `source` (see #app_source) on a fresh `kind` server (2 workers)
+  # with the app shaped as `shape`, warms it until both workers are warm
+  # (#warm), zeroes the probes, and yields the URL and the warm-up's
+  # seconds; stops the server after the block and returns what it returned.
+  def serve(kind, shape, source, dir, opts, close, extra: "")
+    extra += "\n#{OobgcBenchRunner::PUMA_FLUSH}" if kind == :puma
+    env = SHAPES.fetch(shape).merge("OOBGC_SKIP" => "0")
+    srv = Memkit::ServersHelper.start_server(kind, source, dir: dir, port: Memkit::Loopback.free_port, env: env,
+                                                           extra: extra)
+    url = "http://127.0.0.1:#{srv.port}/"
+    begin
+      warmed = warm(url, dir, opts, close)
+      FileUtils.touch(File.join(dir, "reset"))
+      sleep 0.3 # the probe zeroes at its first request once 0.2 s have passed since its last check
+      yield url, warmed
+    ensure
+      Memkit::ServersHelper.stop_server(srv)
     end
   end
 
