@@ -19,9 +19,10 @@ module Memkit
     # gc_sweep_finish_size_pool on 3.3), and fillers that have survived
     # fewer GCs than that are still young: so the rounds there, and the GC
     # that frees the fillers, are minors, which mark the fillers but not the
-    # old heap. With all majors, a growth held a Puma worker of the "cache"
-    # shape (a million old objects, Ruby 3.3) for 400-800 ms, and the requests
-    # queued behind it set the p99 (docs/BENCHMARKS.md).
+    # old heap. On the "cache" shape (a million old objects, Ruby 3.3) a
+    # growth of majors, run mid-sweep (see #grow), held a Puma worker for
+    # 400-800 ms, and the requests queued behind it set the p99
+    # (docs/BENCHMARKS.md, "Heap growth on a finished sweep").
     #
     # What Ruby does next (verified with bench/oobgc_grow_probe.rb on 3.1,
     # 3.3 and 3.4): a later GC that finds more than 65% of the heap free
@@ -35,9 +36,9 @@ module Memkit
       # What one round adds, as a share of the pool: Ruby's heap_extend_pages
       # grows to live / (1 - goal ratio 0.4), capped at the growth factor;
       # measured after the fill, 1.57x on 3.1 and 3.3 (a million-object heap).
-      # At 0.45 the bound let a 3.1 Puma worker of the "large" shape grow by
-      # 24 MB of pages, 1.36x the RSS of no OobGC, once growth ran on a
-      # finished sweep.
+      # Checked against a smaller step (0.45), the bound let a 3.1 Puma
+      # worker of the "large" shape grow 24 MB of pages: 1.36x the RSS of no
+      # OobGC.
       STEP = 0.6
       ROUNDS = 6
       OLD_AGE = 3
