@@ -378,7 +378,9 @@ class OobGCTest < Minitest::Test
   # heap again (a major a round and one to drop the fillers held a Puma
   # worker for 400-800 ms on a heap of a million old objects).
   def test_heap_growth_right_after_a_major_runs_no_more_than_one
-    skip "only majors keep a growth where the pools share their allocatable slots" unless Memkit::OobGC::HeapGrowth::MINOR_GROWS
+    unless Memkit::OobGC::HeapGrowth::MINOR_GROWS
+      skip "only majors keep a growth where the pools share their allocatable slots"
+    end
     in_fresh_process { heap_growth_right_after_a_major_runs_no_more_than_one }
   end
 
