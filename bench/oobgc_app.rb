@@ -121,8 +121,8 @@ module OobgcBench
 
     def oob_stats
       s = Memkit::OobGC.stats
-      { grow_runs: s.grow_runs, grow_runs_counted: s.grow_runs - @base_grow, heap_grown_bytes: s.heap_grown_bytes, heap_bytes: s.heap_bytes, gave_up: s.gave_up,
-        boot_env: s.boot_env, policy: s.policy }
+      { grow_runs: s.grow_runs, grow_runs_counted: s.grow_runs - @base_grow, heap_grown_bytes: s.heap_grown_bytes,
+        heap_bytes: s.heap_bytes, gave_up: s.gave_up, boot_env: s.boot_env, policy: s.policy }
     end
   end
 end

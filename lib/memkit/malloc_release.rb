@@ -2,6 +2,7 @@
 
 require_relative "../memkit"
 require_relative "libc"
+require_relative "gc_rest"
 require_relative "malloc_release/pacing"
 
 module Memkit
@@ -129,12 +130,12 @@ module Memkit
       end
 
       # A lazily swept GC frees the rest of its garbage as later allocations
-      # sweep on: GC.disable finishes the sweep first (gc_rest), so the trim
+      # sweep on: GCRest finishes the sweep first, so the trim
       # sees all of it.
       def finish_sweep
         return unless GC.latest_gc_info(:state) == :sweeping
 
-        GC.enable unless GC.disable
+        GCRest.finish
       end
     end
 

@@ -2,6 +2,7 @@
 
 require "monitor"
 require_relative "../errors"
+require_relative "../gc_rest"
 require_relative "profile"
 require_relative "policy"
 require_relative "counters"
@@ -424,7 +425,7 @@ module Memkit
       def finish_sweep(reading)
         return reading unless reading.fetch(:info)[:state] == :sweeping
 
-        GC.enable unless GC.disable
+        GCRest.finish
         self.class.reading
       end
 

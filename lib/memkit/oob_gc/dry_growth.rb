@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "../gc_rest"
+
 module Memkit
   class OobGC
     # Ruby 3.4+ with full marks off (Policy::NoFullMark): the heap grows
@@ -130,7 +132,7 @@ module Memkit
           Array.new(length)
           allocated += 1
         end
-        GC.enable unless GC.disable
+        GCRest.finish
         before = HeapGrowth.eden_bytes
         left = take_plan(@plan)
         budget = @growth.budget - (HeapGrowth.eden_bytes - before)
@@ -228,7 +230,7 @@ module Memkit
       # next GC frees the objects. Mid-sweep the allocation would sweep pages
       # instead of adding them, so the sweep is finished first.
       def fill_past(index, slots)
-        GC.enable unless GC.disable
+        GCRest.finish
         Array.new(free_slots(index) + slots) { Array.new(HeapGrowth.filler_length(index)) }
         nil
       end

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "../gc_rest"
+
 module Memkit
   class OobGC
     # Grows Ruby's object heap at run time, where Ruby offers knobs for its
@@ -92,7 +94,7 @@ module Memkit
         # Mid-sweep, the unswept garbage counts both as live and as free
         # (Policy#free reads the mark): the fill overran the pool and
         # started GCs of Ruby's own, a major among them.
-        GC.enable unless GC.disable
+        GCRest.finish
         @major_at = GC.count if GC.latest_gc_info(:major_by)
         before = page_bytes
         held = []
@@ -116,13 +118,15 @@ module Memkit
             fill(i, now, held)
             collect(minor: @major_at && GC.count + 1 - @major_at < OLD_AGE)
             ran += 1
+            grew = grew?(policy, i, now)
             # 3.3 grows a pool at a minor only once its allocatable pages are
             # spent; where the fill left some, a major grows it.
-            if last_kind == :minor && !grew?(policy, i, now)
+            if !grew && last_kind == :minor
               collect(minor: false)
               ran += 1
+              grew = grew?(policy, i, now)
             end
-            break unless grew?(policy, i, now)
+            break unless grew
           end
         end
         # No round fit the budget: nothing to drop, no major to run.
