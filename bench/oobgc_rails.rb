@@ -191,7 +191,8 @@ module OobgcRails
           a ? a.merge(b) { |_, x, y| x + y } : b
         end,
         rss_mean_kb: mean.(probes.map { |p| p["rss_mean_kb"] }), rss_max_kb: mean.(probes.map { |p| p["rss_max_kb"] }),
-        memory: memory.empty? ? nil : memory.first.keys.to_h { |k| [k, mean.(memory.map { |m| m[k] })&.round] },
+        memory: memory.empty? ? nil : (memory.first.keys - [:pools]).to_h { |k| [k, mean.(memory.map { |m| m[k] })&.round] },
+        pools: memory.map { |m| m[:pools] }.compact,
         profile: oob.map { |o| o["profile"] }.compact.first
       )
     end

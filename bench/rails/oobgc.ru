@@ -101,7 +101,18 @@ module BenchRails
         oldmalloc_limit: stat[:oldmalloc_increase_bytes_limit], old_objects: stat[:old_objects],
         old_objects_limit: stat[:old_objects_limit],
         malloc_arena_kb: m && (m.arena + m.hblkhd) / 1024, malloc_used_kb: m && (m.uordblks + m.hblkhd) / 1024,
-        hwm_kb: File.read("/proc/self/status")[/VmHWM:\s+(\d+)/, 1].to_i, **smaps }
+        hwm_kb: File.read("/proc/self/status")[/VmHWM:\s+(\d+)/, 1].to_i, pools: pools, **smaps }
+    end
+
+    # Per size pool (Ruby 3.2+): slots in pages, pages Ruby may still add,
+    # and the slots live at exit, to compare memkit's heap with the anchor's.
+    def pools
+      return nil unless GC.respond_to?(:stat_heap)
+
+      GC.stat_heap.map do |_, h|
+        h.slice(:slot_size, :heap_eden_slots, :heap_eden_pages, :heap_allocatable_pages, :heap_tomb_pages,
+                :total_allocated_objects, :total_freed_objects, :heap_allocatable_slots)
+      end
     end
 
     # Resident kB by kind of mapping: the brk heap (glibc's main arena),

@@ -644,6 +644,43 @@ class OobGCPolicyTest < Minitest::Test
     assert apart.holds?([38_000, 0, 0], base, 0)
   end
 
+  # The advice at boot is the heap the worker has: the pages it uses, each
+  # pool's slots rounded up to whole pages, not the allocatable pages Ruby
+  # would add later; more where the next `cover` requests would not fit.
+  def test_boot_env_advises_the_pages_in_use_in_whole_pages
+    heaps = [
+      { slot_size: 40, heap_eden_pages: 160, heap_eden_slots: 261_920, heap_allocatable_pages: 1 },
+      { slot_size: 80, heap_eden_pages: 68, heap_eden_slots: 55_692, heap_allocatable_pages: 35 },
+      { slot_size: 160, heap_eden_pages: 10, heap_eden_slots: 4_090, heap_allocatable_pages: 0 },
+      { slot_size: 320, heap_eden_pages: 5, heap_eden_slots: 1_020, heap_allocatable_pages: 20 }
+    ]
+    lives = [160_000, 40_000, 3_000, 500]
+    heaps = heaps.zip(lives).map do |h, live|
+      h.merge(total_allocated_objects: 1_000_000 + live, total_freed_objects: 1_000_000)
+    end
+    reading = { stat: { malloc_increase_bytes_limit: 16 << 20 }, heaps: heaps, info: { state: :none } }
+    env = Policy::SizePools.new.boot_env(reading, profile([6_000, 1_400, 1_000, 0]), cover: 2.1)
+
+    assert_equal({ "RUBY_GC_HEAP_0_INIT_SLOTS" => 160 * 1_637,
+                   "RUBY_GC_HEAP_1_INIT_SLOTS" => 68 * 819,
+                   # 3,000 live + 2.1 x 1,000: 5,100 slots, on 13 pages of 409
+                   "RUBY_GC_HEAP_2_INIT_SLOTS" => 13 * 409 }, env)
+  end
+
+  def test_boot_env_on_one_heap_and_for_malloc
+    policy = Policy::OneHeap.new(page_slots: PAGE)
+    reading = one_heap(free: 100_000, eden: 300_000, allocatable: 50_000)
+    env = policy.boot_env(reading, profile(20_000, malloc: 10 << 20), cover: 2.1)
+    assert_equal 734 * PAGE, env.fetch("RUBY_GC_HEAP_INIT_SLOTS"), "300,000 slots in use, not the allocatable"
+    assert_equal 22_021_000, env.fetch("RUBY_GC_MALLOC_LIMIT"), "2.1 requests of 10 MB, above the 16 MB limit"
+    refute env.key?("RUBY_GC_MALLOC_LIMIT_MAX"), "under Ruby's 32 MB maximum"
+
+    env = policy.boot_env(one_heap(free: 10_000, eden: 300_000), profile(20_000, malloc: 20 << 20), cover: 2.1)
+    assert_equal 812 * PAGE, env.fetch("RUBY_GC_HEAP_INIT_SLOTS"), "290,000 live + 2.1 requests of 20,000"
+    assert_equal env.fetch("RUBY_GC_MALLOC_LIMIT"), env.fetch("RUBY_GC_MALLOC_LIMIT_MAX")
+    assert_empty policy.boot_env(reading, Profile.new, cover: 2.1)
+  end
+
   def test_detect_picks_one_policy_per_gc_model
     one = Module.new { def self.respond_to?(name, *) = name == :stat }
     assert_equal Policy::OneHeap, Policy.detect(one)

@@ -490,8 +490,8 @@ module Memkit
           end
         end
         Counters.update(heap_slots: GC.stat(:heap_available_slots), heap_bytes: HeapGrowth.page_bytes,
-                        heap_grown_bytes: @growth.grown_bytes, boot_env: boot_env(self.class.reading),
-                        profile: @profile.to_h)
+                        heap_grown_bytes: @growth.grown_bytes,
+                        boot_env: @policy.boot_env(self.class.reading, @profile, cover: @cover), profile: @profile.to_h)
       end
 
       # Pool indices by how many requests their free slots hold, fewest
@@ -537,7 +537,7 @@ module Memkit
                    else
                      "one request allocates more than the heap holds free after a GC, and Ruby would not grow it"
                    end
-          env = boot_env(reading).map { |k, v| "#{k}=#{v}" }.join(" ")
+          env = @policy.boot_env(reading, @profile, cover: @cover).map { |k, v| "#{k}=#{v}" }.join(" ")
           Counters.give_up("#{reason}#{"; set #{env} at boot" unless env.empty?}", @log)
         else
           @starved_at = nil
@@ -559,48 +559,6 @@ module Memkit
         stat.fetch(:heap_available_slots) + stat.fetch(:heap_allocatable_slots, 0) +
           (stat.fetch(:heap_allocatable_pages, 0) * GC::INTERNAL_CONSTANTS.fetch(:HEAP_PAGE_OBJ_LIMIT, 409))
       end
-
-      # RUBY_GC_* values that would give the worker, from boot, the heap it
-      # has now (what the collector chose: grown, or as Ruby sized it), and
-      # at least the free slots to hold `cover` requests beside today's live
-      # objects. Rounded up to a thousand slots, so that a small size pool's
-      # value stays within that of the heap the worker had (to ten thousand,
-      # a pool of 1,000 slots was advised 10,000).
-      def boot_env(reading)
-        return {} if @profile.empty?
-
-        env = {}
-        objects = @profile.objects
-        if (heaps = reading[:heaps])
-          lives = @policy.lives(reading)
-          heaps.each_with_index do |h, i|
-            next unless objects.fetch(i, 0).positive?
-
-            live = lives[i]
-            pages = h.fetch(:heap_eden_pages)
-            own = h.fetch(:heap_eden_slots)
-            own += h.fetch(:heap_allocatable_pages, 0) * (own / pages) if pages.positive?
-            want = [live + (objects.fetch(i, 0) * @cover).ceil, own].max
-            env["RUBY_GC_HEAP_#{i}_INIT_SLOTS"] = round_up(want)
-          end
-        else
-          # Mid-sweep, heap_live_slots counts the unswept garbage: the policy
-          # reads the mark.
-          live = @policy.live(reading)
-          env["RUBY_GC_HEAP_INIT_SLOTS"] = round_up([live + (objects.fetch(0, 0) * @cover).ceil, capacity(reading)].max)
-        end
-        malloc = (@profile.malloc * @cover).ceil
-        limit = reading.fetch(:stat)[:malloc_increase_bytes_limit].to_i
-        if malloc > limit
-          env["RUBY_GC_MALLOC_LIMIT"] = round_up(malloc)
-          # Ruby caps the limit it raises at each overrun at the maximum, below
-          # a higher minimum too.
-          env["RUBY_GC_MALLOC_LIMIT_MAX"] = round_up(malloc) if malloc > @policy.malloc_limit_max
-        end
-        env
-      end
-
-      def round_up(value, unit = 1_000) = ((value + unit - 1) / unit) * unit
 
       # Ruby 3.4+: no major GC of Ruby's own while serving (GC.config is
       # per process; set in each worker at its first unit of work).

@@ -282,6 +282,31 @@ module Memkit
         stat.fetch(:oldmalloc_increase_bytes) > stat.fetch(:oldmalloc_increase_bytes_limit)
       end
 
+      # RUBY_GC_* values that would give a worker, from boot, the heap it has
+      # in `reading` (grown, or as Ruby sized it), and at least the free
+      # slots to hold `cover` requests of `profile` beside its live objects.
+      # The heap it has is its pages in use, not the allocatable pages Ruby
+      # would add later: on the Rails bench app (Ruby 3.3) a pool kept 35
+      # such pages it never took, 2.2 MB per worker that Ruby alone, booted
+      # with them, allocated. Slots are rounded up to whole pages, as Ruby
+      # allocates them, and no further: a GC cycle's allocation all goes into
+      # the free slots, so a thousand more in the main pool (101,000 free
+      # after a minor there) is 1% fewer GC runs for Ruby alone at that heap
+      # than the worker had.
+      def boot_env(reading, profile, cover:)
+        return {} if profile.empty?
+
+        env = init_slots_env(reading, profile.objects, cover)
+        malloc = (profile.malloc * cover).ceil
+        if malloc > reading.fetch(:stat)[:malloc_increase_bytes_limit].to_i
+          env["RUBY_GC_MALLOC_LIMIT"] = round_up(malloc, 1_000)
+          # Ruby caps the limit it raises at each overrun at the maximum, below
+          # a higher minimum too.
+          env["RUBY_GC_MALLOC_LIMIT_MAX"] = round_up(malloc, 1_000) if malloc > @malloc_limit_max
+        end
+        env
+      end
+
       # Free slots per pool, counting the pages Ruby may still add without
       # collecting first.
       def free(reading) = raise(NotImplementedError)
@@ -385,6 +410,11 @@ module Memkit
 
         limit - stat.fetch(:malloc_increase_bytes) - (malloc * headroom).ceil
       end
+
+      # RUBY_GC_HEAP_*INIT_SLOTS of #boot_env.
+      def init_slots_env(_reading, _objects, _cover) = raise(NotImplementedError)
+
+      def round_up(value, unit) = ((value + unit - 1) / unit) * unit
     end
   end
 end

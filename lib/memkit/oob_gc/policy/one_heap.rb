@@ -49,6 +49,12 @@ module Memkit
           @seen = [stat.fetch(:count), @marked_at, stat.fetch(:major_gc_count)]
         end
 
+        def init_slots_env(reading, objects, cover)
+          own = reading.fetch(:stat).fetch(:heap_available_slots)
+          want = [live(reading) + (objects.fetch(0, 0) * cover).ceil, own].max
+          { "RUBY_GC_HEAP_INIT_SLOTS" => round_up(want, @page_slots) }
+        end
+
         # Mid-sweep, what the mark kept.
         def live(reading)
           stat = reading.fetch(:stat)

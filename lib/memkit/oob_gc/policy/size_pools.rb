@@ -59,6 +59,23 @@ module Memkit
         # every pool draws from).
         def live(reading) = lives(reading).sum
 
+        # Per pool a request allocates in, its slots on the pages it has
+        # (whole pages: a page's slots, as Ruby packs them, are its slots
+        # rounded up).
+        def init_slots_env(reading, objects, cover)
+          lives = lives(reading)
+          env = {}
+          reading.fetch(:heaps).each_with_index do |h, i|
+            next unless objects.fetch(i, 0).positive?
+
+            slots = h.fetch(:heap_eden_slots)
+            pages = h.fetch(:heap_eden_pages)
+            want = [lives[i] + (objects.fetch(i, 0) * cover).ceil, slots].max
+            env["RUBY_GC_HEAP_#{i}_INIT_SLOTS"] = pages.positive? ? round_up(want, (slots + pages - 1) / pages) : want
+          end
+          env
+        end
+
         def free(reading)
           shared = reading.fetch(:stat).fetch(:heap_allocatable_slots, 0)
           lives = lives(reading)
