@@ -7,7 +7,7 @@
 #   none     the app alone
 #   memkit   `use Memkit::OobGC` with its defaults
 #   heap     the app alone, booted with the RUBY_GC_HEAP_* values memkit chose
-#            (OobGC.stats.boot_env of the memkit run's workers): Ruby alone at
+#            (OobGC.stats.boot_env of the memkit run's workers, the mean per value): Ruby alone at
 #            memkit's heap size, the anchor for "GC runs per request"
 #
 #   bench/rails/setup                       # once: the app's gems and its SQLite file
@@ -150,6 +150,17 @@ module OobgcRails
     { rps: out[/Requests\/sec:\s+([\d.]+)/, 1].to_f, p50: latency[50], p99: latency[99], non2xx: non2xx }
   end
 
+  # The workers' boot_env, each value the mean of the workers that give it:
+  # the anchor at the heap memkit chose on average. At the largest worker's,
+  # it ran with more memory than memkit's workers (3.3 Puma: RSS 103.0 MB
+  # where memkit's was 99.2 MB, one worker's main pool 8 pages smaller).
+  def mean_env(envs)
+    envs.flat_map(&:keys).uniq.to_h do |key|
+      values = envs.filter_map { |e| e[key] }
+      [key, values.sum.fdiv(values.size).round]
+    end
+  end
+
   # One boot: warm-up (each worker past SKIP requests; the probe starts
   # counting there), then the measured wrk run.
   def cell(server, mode, load, opts, boot_env: {}, pace: 0)
@@ -164,12 +175,13 @@ module OobgcRails
         # What the user pays: the whole tree (master and workers), at rest
         # after the load.
         result[:tree_pss] = Memkit::Tree.read(pid).total_pss
+        # The workers write their figures now (bench/rails/oobgc.ru).
+        Process.kill(:PWR, -pid)
+        deadline = now + 10
+        sleep 0.1 while Dir[File.join(dir, "gc-*.json")].size < WORKERS && now < deadline
       ensure
         stop(server, pid)
       end
-      # A Puma master can exit before its workers have run their at_exit.
-      deadline = now + 10
-      sleep 0.1 while Dir[File.join(dir, "gc-*.json")].size < WORKERS && now < deadline
       sleep 0.1
       probes = Dir[File.join(dir, "gc-*.json")].map { |f| JSON.parse(File.read(f)) }
       warn "#{server} #{mode}: #{probes.size} of #{WORKERS} workers reported" if probes.size < WORKERS
@@ -183,7 +195,7 @@ module OobgcRails
         gc_major: sum.("gc_major"),
         gc_inside: sum.("gc_inside"), gc_inside_major: sum.("gc_inside_major"),
         rss_kb: sum.("rss_kb").fdiv([probes.size, 1].max), heap_slots: sum.("heap_slots").fdiv([probes.size, 1].max),
-        boot_env: oob.map { |o| o["boot_env"] }.reject { |e| e.nil? || e.empty? }.max_by { |e| e.values.sum } || {},
+        boot_env: mean_env(oob.map { |o| o["boot_env"] }.reject { |e| e.nil? || e.empty? }),
         gave_up: oob.map { |o| o["gave_up"] }.compact.first, heap_grown: oob.sum { |o| o["heap_grown_bytes"].to_i },
         boot_env_used: mode == "heap" ? boot_env : nil, label: opts[:label],
         inside_by: probes.map { |p| p["inside_by"] || {} }.reduce({}) { |a, b| a.merge(b) { |_, x, y| x + y } },

@@ -8,7 +8,7 @@
 # The probe counts, per worker, from its OOBGC_SKIP+1st request: requests,
 # GC runs in all, GC runs (and majors) that started and ended inside a
 # request. Each worker writes them, with its RSS and Memkit::OobGC.stats, to
-# OOBGC_DIR/gc-PID.json when it exits, and Puma's workers also from their
+# OOBGC_DIR/gc-PID.json when the bench sends SIGPWR, when it exits, and Puma's workers also from their
 # shutdown hook (puma.rb: a Puma worker's at_exit can be cut short by its
 # exit! once the master has gone). Single-threaded workers only.
 #
@@ -141,6 +141,10 @@ module BenchRails
 end
 
 use BenchRails::GcProbe, ENV.fetch("OOBGC_DIR", nil)
+# The bench asks for the figures once the load has stopped: a Puma 8 worker
+# on Ruby 3.3 and 3.4 can hang closing its pipes at shutdown, before its
+# shutdown hook, and be killed with its figures unwritten.
+Signal.trap("PWR") { BenchRails::GcProbe.flush }
 # A prototype change to OobGC (bench/oobgc_rails.rb --patch), loaded over memkit's own.
 require ENV["OOBGC_PATCH"] if ENV["OOBGC_PATCH"]
 use Memkit::OobGC if ENV["OOBGC"] == "1"
