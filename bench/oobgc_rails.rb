@@ -7,8 +7,9 @@
 #   none     the app alone
 #   memkit   `use Memkit::OobGC` with its defaults
 #   heap     the app alone, booted with the RUBY_GC_HEAP_* values memkit chose
-#            (OobGC.stats.boot_env of the memkit run's workers, the mean per value): Ruby alone at
-#            memkit's heap size, the anchor for "GC runs per request"
+#            (OobGC.stats.boot_env of the memkit run's workers, the mean per
+#            value): Ruby alone at memkit's heap size, the anchor for "GC runs
+#            per request"
 #
 #   bench/rails/setup                       # once: the app's gems and its SQLite file
 #   flock /tmp/memkit-bench.lock bundle exec ruby bench/oobgc_rails.rb \

@@ -8,9 +8,9 @@
 # The probe counts, per worker, from its OOBGC_SKIP+1st request: requests,
 # GC runs in all, GC runs (and majors) that started and ended inside a
 # request. Each worker writes them, with its RSS and Memkit::OobGC.stats, to
-# OOBGC_DIR/gc-PID.json when the bench sends SIGPWR, when it exits, and Puma's workers also from their
-# shutdown hook (puma.rb: a Puma worker's at_exit can be cut short by its
-# exit! once the master has gone). Single-threaded workers only.
+# OOBGC_DIR/gc-PID.json when the bench sends SIGPWR, when it exits, and, on
+# Puma, from the shutdown hook (puma.rb: a Puma worker's at_exit can be cut
+# short by its exit! once the master has gone). Single-threaded workers only.
 #
 # For the RSS and GC-count diagnosis it also keeps: why each GC inside a
 # request ran (GC.latest_gc_info's gc_by and major_by after it; the last one

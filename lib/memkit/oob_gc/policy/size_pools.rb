@@ -59,9 +59,9 @@ module Memkit
         # every pool draws from).
         def live(reading) = lives(reading).sum
 
-        # Per pool a request allocates in, its slots on the pages it has
-        # (whole pages: a page's slots, as Ruby packs them, are its slots
-        # rounded up).
+        # Per pool a request allocates in, the slots on the pages it has, in
+        # whole pages of the pool's slots over its pages, rounded up (Ruby
+        # packs 1,637 or 1,638 40-byte slots on a 64 KB page).
         def init_slots_env(reading, objects, cover)
           lives = lives(reading)
           env = {}
