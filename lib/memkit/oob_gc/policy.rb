@@ -299,10 +299,10 @@ module Memkit
         env = init_slots_env(reading, profile.objects, cover)
         malloc = (profile.malloc * cover).ceil
         if malloc > reading.fetch(:stat)[:malloc_increase_bytes_limit].to_i
-          env["RUBY_GC_MALLOC_LIMIT"] = round_up(malloc, 1_000)
+          env["RUBY_GC_MALLOC_LIMIT"] = limit = round_up(malloc, 1_000)
           # Ruby caps the limit it raises at each overrun at the maximum, below
           # a higher minimum too.
-          env["RUBY_GC_MALLOC_LIMIT_MAX"] = round_up(malloc, 1_000) if malloc > @malloc_limit_max
+          env["RUBY_GC_MALLOC_LIMIT_MAX"] = limit if malloc > @malloc_limit_max
         end
         env
       end
