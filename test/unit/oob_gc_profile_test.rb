@@ -8,14 +8,49 @@ class OobGCProfileTest < Minitest::Test
 
   def test_a_high_percentile_not_the_mean_nor_the_max
     profile = Profile.new(window: 200, percentile: 0.95)
+    Profile::SETTLED.times { profile.record([50_000, 50], 500) } # 16 of them stay
     (1..100).to_a.shuffle(random: Random.new(1)).each { |n| profile.record([n * 1_000, n], n * 10) }
-    16.times { profile.record([50_000, 50], 500) } # the figures are taken again every 16 requests
-    assert_equal [95_000, 95], profile.objects
-    assert_equal 950, profile.malloc
-    # One huge request moves the percentile by one step, not to itself.
+    # The figures are taken again once a quarter of the window is new: of
+    # 150 requests, the 8th largest.
+    34.times { profile.record([50_000, 50], 500) }
+    assert_equal [93_000, 93], profile.objects
+    assert_equal 930, profile.malloc
+    # One huge request moves the percentile by one step, not to itself:
+    # one above the pool it did not allocate in.
     profile.record([10_000_000, 0], 0)
-    15.times { profile.record([50_000, 50], 500) }
-    assert_operator profile.objects[0], :<=, 96_000
+    49.times { profile.record([50_000, 50], 500) }
+    assert_equal [92_000, 91], profile.objects
+  end
+
+  # The first requests count while they are all there is, then leave.
+  def test_forgets_a_workers_first_requests_once_settled
+    profile = Profile.new(window: 200)
+    profile.record([90_000, 27_000], 4_000_000)
+    (Profile::FIRST - 1).times { profile.record([40_000, 900], 100_000) }
+    assert_equal [90_000, 27_000], profile.objects
+    assert_equal 4_000_000, profile.malloc
+    (Profile::SETTLED - Profile::FIRST - 1).times { profile.record([30_000, 800], 80_000) }
+    refute_predicate profile, :settled?
+    version = profile.version
+    profile.record([30_000, 800], nil)
+    assert_predicate profile, :settled?
+    assert_equal [30_000, 800], profile.objects
+    assert_equal 80_000, profile.malloc
+    assert_equal Profile::SETTLED - Profile::FIRST, profile.size
+    refute_equal version, profile.version
+    # The window goes on from there.
+    profile.record([31_000, 800], 80_000)
+    assert_equal Profile::SETTLED - Profile::FIRST + 1, profile.size
+  end
+
+  # A window smaller than the first requests has forgotten them already.
+  def test_a_small_window_settles_in_order
+    profile = Profile.new(window: 10)
+    Profile::SETTLED.times { |i| profile.record([i], 0) }
+    assert_predicate profile, :settled?
+    assert_equal 10, profile.size
+    profile.record([0], 0)
+    assert_equal [Profile::SETTLED - 1], profile.objects
   end
 
   # The collector keeps a decision for as long as the figures it came from.

@@ -433,6 +433,15 @@ module Memkit
       # (bounded by max_heap_growth), and record what the heap costs and
       # what to set at boot for it.
       def size(reading)
+        grow(reading) if @profile.settled?
+        Counters.update(heap_slots: GC.stat(:heap_available_slots), heap_bytes: HeapGrowth.page_bytes,
+                        heap_grown_bytes: @growth.grown_bytes,
+                        boot_env: @policy.boot_env(self.class.reading, @profile, cover: @cover), profile: @profile.to_h)
+      end
+
+      # Grows the heap where it cannot hold the next requests, within the
+      # budget.
+      def grow(reading)
         if @no_full_mark
           # Ruby 3.4's growth by running a pool dry: bounded by pages, at a
           # share of the RSS when the heap is first sized, and again, beyond
@@ -489,9 +498,6 @@ module Memkit
             @regrow_wait = @refused ? @regrow_wait * 2 : @regrow_after
           end
         end
-        Counters.update(heap_slots: GC.stat(:heap_available_slots), heap_bytes: HeapGrowth.page_bytes,
-                        heap_grown_bytes: @growth.grown_bytes,
-                        boot_env: @policy.boot_env(self.class.reading, @profile, cover: @cover), profile: @profile.to_h)
       end
 
       # Pool indices by how many requests their free slots hold, fewest
@@ -523,8 +529,11 @@ module Memkit
 
       # A heap that even just collected cannot hold one request gains
       # nothing from collecting early: the request will collect anyway. Set
-      # after an out-of-band GC; holds until the heap has grown.
+      # after an out-of-band GC, once the profile has settled (the heap is
+      # not grown before); holds until the heap has grown.
       def starve(reading)
+        return unless @profile.settled?
+
         # A verdict to say out loud rests on the sweep's counts, not on an
         # estimate that errs low.
         if reading.fetch(:info)[:state] == :sweeping && @policy.starved?(reading, @profile)

@@ -21,6 +21,16 @@ module Memkit
     # more), it is the figure, taken as soon as a request allocates that much:
     # three heavy requests move it, one outlier does not.
     #
+    # A worker's first requests allocate more than the ones after (a Rails
+    # app compiles each template at its first render and loads its locale
+    # files at the first translation), and in a young window the percentile
+    # is one of them: on the bench Rails app (3.3, Puma) the heap grown for
+    # the first request's 27k objects in the 80-byte pool took the whole RSS
+    # budget, and the 160-byte pool that ran dry later stayed short. So the
+    # first FIRST requests count until SETTLED have been recorded, and then
+    # leave the window; the collector sizes the heap only from a settled
+    # profile (#settled?).
+    #
     # #version changes only when the learned figures do, so the collector
     # can keep a decision taken from them until then.
     class Profile
@@ -37,6 +47,9 @@ module Memkit
       # window's percentile, three of sixteen come above it by chance once
       # in 23 looks (two would, once in 5, and collect early for nothing).
       RANK = 3
+      # The requests forgotten, once SETTLED are recorded (see above).
+      FIRST = 16
+      SETTLED = 2 * FIRST
 
       attr_reader :window, :percentile, :version
 
@@ -58,6 +71,8 @@ module Memkit
         @picked = [[], 0] # the window's percentiles at the last relearn
         @version = 0
         @stale = 0 # records since the percentiles were taken
+        @recorded = 0 # requests recorded in all, up to SETTLED
+        @malloc_late = 0 # malloc entries of the requests after the FIRST
       end
 
       # objects: Array of objects allocated per pool. malloc: bytes, or nil
@@ -80,8 +95,13 @@ module Memkit
         if malloc
           @malloc << malloc
           @malloc.shift if @malloc.size > @window
+          @malloc_late += 1 if @recorded >= FIRST
         end
         @stale += 1
+        if @recorded < SETTLED
+          @recorded += 1
+          return forget_first if @recorded == SETTLED
+        end
         if @size <= REFRESH || (@stale >= REFRESH && @stale >= @size / 4)
           relearn
         elsif above?(at, malloc)
@@ -93,6 +113,9 @@ module Memkit
       def size = @size
       def empty? = @size.zero?
 
+      # Whether the first requests have left the figures (see above).
+      def settled? = @recorded >= SETTLED
+
       # Objects per pool one request allocates, at the percentile.
       def objects = @learned.fetch(0)
 
@@ -102,6 +125,19 @@ module Memkit
       def to_h = { requests: size, objects: objects, malloc: malloc }
 
       private
+
+      # Keeps, of the window, the requests after the FIRST, in the order
+      # they came (where the window is smaller than SETTLED, those it still
+      # holds), and takes the figures again.
+      def forget_first
+        keep = [@size, SETTLED - FIRST].min
+        @columns.map! { |c| Array.new(keep) { |k| c[(@at - keep + k) % @size] } }
+        @size = keep
+        @at = keep % @window
+        @malloc = @malloc.last(@malloc_late)
+        relearn
+        self
+      end
 
       # The window's percentiles, on the schedule above.
       def relearn
