@@ -317,25 +317,27 @@ class OobGCTest < Minitest::Test
   # (two objects a row), so that the heap cannot hold it, whatever the
   # process has loaded.
   def heavy(times)
-    GC.start
-    stat = GC.stat
-    free = stat[:heap_free_slots] + (stat.fetch(:heap_allocatable_pages, 0) * 409) +
-           stat.fetch(:heap_allocatable_slots, 0)
-    count = (free * times / 2).to_i
+    count = rows_for(times)
     lambda do |_env|
       rows = Array.new(count) { |i| [i, "row #{i}"] }
       [200, { "content-type" => "text/plain" }, [rows.size.to_s]]
     end
   end
 
-  # As #heavy, but what the request allocates is garbage at once: a GC
-  # inside it frees nearly all of it, so Ruby never grows the heap for it.
-  def churn(times)
+  # Rows of two objects that make `times` the heap's free slots after a GC.
+  def rows_for(times)
     GC.start
     stat = GC.stat
     free = stat[:heap_free_slots] + (stat.fetch(:heap_allocatable_pages, 0) * 409) +
            stat.fetch(:heap_allocatable_slots, 0)
-    count = (free * times / 2).to_i
+    (free * times / 2).to_i
+  end
+
+  # As #heavy, but one object a row (`times` / 2 the free slots), garbage
+  # at once: a GC inside the request frees nearly all of it, so Ruby never
+  # grows the heap for it.
+  def churn(times)
+    count = rows_for(times)
     lambda do |_env|
       count.times { |i| [i] }
       [200, { "content-type" => "text/plain" }, [count.to_s]]

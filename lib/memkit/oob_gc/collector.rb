@@ -430,8 +430,8 @@ module Memkit
       end
 
       # After a GC: if the heap cannot hold the next requests, grow it
-      # (bounded by max_heap_growth), and record what the heap costs and
-      # what to set at boot for it.
+      # (from a settled profile, bounded by max_heap_growth), and record what
+      # the heap costs and what to set at boot for it.
       def size(reading)
         grow(reading) if @profile.settled?
         Counters.update(heap_slots: GC.stat(:heap_available_slots), heap_bytes: HeapGrowth.page_bytes,
