@@ -95,10 +95,10 @@ module Memkit
         if malloc
           @malloc << malloc
           @malloc.shift if @malloc.size > @window
-          @malloc_late += 1 if @recorded >= FIRST
         end
         @stale += 1
         if @recorded < SETTLED
+          @malloc_late += 1 if malloc && @recorded >= FIRST
           @recorded += 1
           return forget_first if @recorded == SETTLED
         end
