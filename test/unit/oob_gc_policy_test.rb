@@ -561,6 +561,22 @@ class OobGCPolicyTest < Minitest::Test
                                                  "RUBY_GC_HEAP_0_INIT_SLOTS" => "junk" }, pools: 5)
   end
 
+  # A pool under its initial slots takes pages as a request needs them,
+  # with no GC (measured on 3.4: the 640-byte pool grew from 304 slots to
+  # 3,358 with no GC): its few free slots make no GC due. Past its initial
+  # slots they do. Growth still keeps Ruby's 20% of it free (the test above).
+  def test_no_full_mark_a_pool_under_its_initial_slots_is_not_short
+    req = profile([5_449, 1_445, 2_726, 213, 48])
+    heaps = [[309_478, 154_774], [70_378, 28_592], [88_716, 14_921], [6_926, 6_900], [1_624, 1_600]]
+    policy = Policy::NoFullMark.new(init_slots: [10_000] * 5)
+    assert_nil policy.decide(pooled(heaps), req)
+    assert_equal 26 + (10_000 - 6_926), policy.free(pooled(heaps))[3]
+    assert_equal 2_000 + 213 - 26, policy.growth_shortfall(pooled(heaps), req, cover: 2.1)[3],
+                 "the pool's own free slots for Ruby's minimum"
+    at_init = Policy::NoFullMark.new(init_slots: [10_000, 10_000, 10_000, 6_926, 1_624])
+    assert_equal :minor, at_init.decide(pooled(heaps), req)
+  end
+
   # Running a pool dry right after a GC, Ruby grows it by 1 / (1 - 0.4)
   # (its free goal; the growth factor 1.8 caps it): two thirds of its bytes.
   def test_no_full_mark_growth_step_is_two_thirds_of_the_pool

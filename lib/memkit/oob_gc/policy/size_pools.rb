@@ -76,14 +76,7 @@ module Memkit
           env
         end
 
-        def free(reading)
-          shared = reading.fetch(:stat).fetch(:heap_allocatable_slots, 0)
-          lives = lives(reading)
-          reading.fetch(:heaps).each_with_index.map do |h, i|
-            slot_size = h.fetch(:slot_size, BASE_SLOT_SIZE)
-            h.fetch(:heap_eden_slots) - lives[i] + allocatable_in(h) + (shared * BASE_SLOT_SIZE / slot_size)
-          end
-        end
+        def free(reading) = free_slots(reading)
 
         # Live objects per pool; mid-sweep, less the garbage the Sweep
         # estimate says is still to be swept (without one, the unswept
@@ -183,6 +176,16 @@ module Memkit
         end
 
         private
+
+        # #free as the pools' slots and Ruby's allocatable pages give it.
+        def free_slots(reading)
+          shared = reading.fetch(:stat).fetch(:heap_allocatable_slots, 0)
+          lives = lives(reading)
+          reading.fetch(:heaps).each_with_index.map do |h, i|
+            slot_size = h.fetch(:slot_size, BASE_SLOT_SIZE)
+            h.fetch(:heap_eden_slots) - lives[i] + allocatable_in(h) + (shared * BASE_SLOT_SIZE / slot_size)
+          end
+        end
 
         # Ruby 3.2/3.3's own major after a minor that left a pool short (see
         # #nofree?).
