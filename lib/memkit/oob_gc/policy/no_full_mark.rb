@@ -64,8 +64,8 @@ module Memkit
         end
 
         # Also the slots a pool under its initial slots takes as new pages
-        # with no GC (the 640-byte pool went from 304 slots to 3,358 with no
-        # GC). Ruby 3.3 shows them as the pool's heap_allocatable_pages, which
+        # with no GC once its sweep is done (heap_prepare; the 640-byte pool
+        # went from 304 slots to 3,358 with no GC). Ruby 3.3 shows them as the pool's heap_allocatable_pages, which
         # #free counts; 3.4 shows nothing, and such a pool looked full: on
         # the Rails app the 320- and 640-byte pools (6,700 and 2,400 slots)
         # made 4-6% of the out-of-band GCs due, GCs Ruby would not have run.
