@@ -65,15 +65,14 @@ module Memkit
 
         # Also the slots a pool under its initial slots takes as new pages
         # with no GC once its sweep is done (heap_prepare; the 640-byte pool
-        # went from 304 slots to 3,358 with no GC). Ruby 3.3 shows them as the pool's heap_allocatable_pages, which
-        # #free counts; 3.4 shows nothing, and such a pool looked full: on
-        # the Rails app the 320- and 640-byte pools (6,700 and 2,400 slots)
-        # made 4-6% of the out-of-band GCs due, GCs Ruby would not have run.
+        # went from 304 slots to 3,358 with no GC). Ruby 3.3 shows them as
+        # the pool's heap_allocatable_pages, which #free counts; 3.4 shows
+        # nothing, and such a pool looked full: on the Rails app the 320- and
+        # 640-byte pools (6,700 and 2,400 slots) made 4-6% of the out-of-band
+        # GCs due, GCs Ruby would not have run.
         def free(reading)
-          free = free_slots(reading)
-          reading.fetch(:heaps).each_with_index.map do |h, i|
-            free[i] + [init_slots(i) - h.fetch(:heap_eden_slots), 0].max
-          end
+          heaps = reading.fetch(:heaps)
+          free_slots(reading).each_with_index.map { |f, i| f + below_init(heaps.fetch(i), i) }
         end
 
         # kind :grown: the collector grew the heap, which the valve must not
@@ -186,7 +185,7 @@ module Memkit
         # Whether pool `index` takes `slots` more as pages with no GC (it
         # stays at most at its initial slots): grown by allocating there.
         def grows_freely?(reading, index, slots)
-          reading.fetch(:heaps).fetch(index).fetch(:heap_eden_slots) + slots <= init_slots(index)
+          slots <= below_init(reading.fetch(:heaps).fetch(index), index)
         end
 
         def valve?(reading)
@@ -247,6 +246,9 @@ module Memkit
         def slots_for_free_minimum(heap, index) = [heap.fetch(:heap_eden_slots), init_slots(index)].max
 
         def init_slots(index) = @init_slots.fetch(index, INIT_SLOTS)
+
+        # Slots pool `index` (`heap`) may still take as pages with no GC.
+        def below_init(heap, index) = [init_slots(index) - heap.fetch(:heap_eden_slots), 0].max
       end
     end
   end
