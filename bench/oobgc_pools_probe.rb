@@ -19,6 +19,7 @@ module WhyProbe
   end
   Memkit::OobGC::Profile.prepend(self)
 end
+
 module WhyRun
   def run(kind, reading, headroom: @policy.headroom)
     n = WhyProbe::SUM[:n]
@@ -34,6 +35,7 @@ module WhyRun
   end
   Memkit::OobGC::Collector.prepend(self)
 end
+
 module WhySpent
   def spent
     r = super
@@ -42,6 +44,7 @@ module WhySpent
   end
   Memkit::OobGC::DryGrowth.prepend(self)
 end
+
 module WhyDry
   def run_dry(pool, reading)
     r = super
@@ -50,6 +53,7 @@ module WhyDry
   end
   Memkit::OobGC::DryGrowth.prepend(self)
 end
+
 at_exit do
   next if WhyProbe::LOG.empty?
   n = WhyProbe::SUM[:n]
