@@ -13,7 +13,7 @@
 #
 #   bench/rails/setup                       # once: the app's gems and its SQLite file
 #   flock /tmp/memkit-bench.lock bundle exec ruby bench/oobgc_rails.rb \
-#       [--servers unicorn,puma] [--duration 20] [--connections 4] [--paced] [--out rows.jsonl]
+#       [--servers unicorn,puma] [--duration 20] [--connections 4] [--paced] [--repeat N] [--out rows.jsonl]
 #   bundle exec ruby bench/oobgc_rails.rb --report rows.jsonl
 #
 # --modes memkit,none,heap picks the modes (heap needs a memkit run first, or
@@ -32,7 +32,10 @@
 # worker's 101st), then drives it with wrk for --duration seconds through a
 # fixed mix of pages (lists, product pages, categories, the JSON API, a third
 # in French). Saturated by default (no pause); --paced adds a run at about
-# 60% of the saturated throughput of "none" for p99.
+# 60% of the saturated throughput of "none" for p99. --repeat N runs it all N
+# times in turn, each heap run at the boot_env of the memkit run just before
+# it, and prints each run's ratio of GC runs per request and their median:
+# single runs of the same code on 3.4 spread from 1.12x to 1.32x.
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
 require "memkit"
 require "memkit/loopback"
@@ -213,7 +216,7 @@ module OobgcRails
 
   def main(argv)
     opts = { servers: %w[unicorn puma], duration: 20, warmup: 8, connections: 4, paced: false, out: nil,
-             modes: %w[memkit none heap], patch: nil, label: nil, boot_env: nil }
+             modes: %w[memkit none heap], patch: nil, label: nil, boot_env: nil, repeat: 1 }
     OptionParser.new do |o|
       o.on("--servers LIST", Array) { |v| opts[:servers] = v }
       o.on("--duration S", Integer) { |v| opts[:duration] = v }
@@ -224,6 +227,7 @@ module OobgcRails
       o.on("--modes LIST", Array, "memkit,none,heap (default all three)") { |v| opts[:modes] = v }
       o.on("--patch FILE", "memkit mode's workers load FILE after memkit") { |v| opts[:patch] = v }
       o.on("--label NAME", "names this run's rows in the tables") { |v| opts[:label] = v }
+      o.on("--repeat N", Integer, "run it all N times in turn; the median GC/req ratio") { |v| opts[:repeat] = v }
       o.on("--anchor KIND", "heap mode at memkit's advised boot_env (advised) or its heap at exit (actual)") do |v|
         opts[:anchor] = v
       end
@@ -242,7 +246,9 @@ module OobgcRails
          "counted from each worker's #{SKIP + 1}st request; " \
          "#{Time.now.utc.strftime('%F %T')} UTC"
     rows = []
+    run = 0
     record = lambda do |row|
+      row[:run] = run
       rows << row
       File.open(opts[:out], "a") { |f| f.puts(JSON.generate(row)) } if opts[:out]
       $stderr.puts format("%s %s %s %s: %.1f req/s p99 %.1f ms; %d requests, gc %d (major %d), " \
@@ -253,7 +259,8 @@ module OobgcRails
                           row[:mode] == "memkit" ? " boot_env #{row[:boot_env]} window #{row[:oob_window]}" : "")
       row
     end
-    opts[:servers].each do |server|
+    Array.new(opts[:repeat]) { |k| k }.product(opts[:servers]).each do |k, server|
+      run = k
       modes = opts[:modes]
       mk = record.call(cell(server, "memkit", "saturated", opts)) if modes.include?("memkit")
       none = record.call(cell(server, "none", "saturated", opts)) if modes.include?("none")
@@ -323,6 +330,26 @@ module OobgcRails
         puts "  #{mode}'s boot_env: #{mk[:boot_env]}; gave_up: #{mk[:gave_up] || '-'}; " \
              "in the window: #{mk[:oob_window] || '-'}; profile: #{mk[:profile] || '-'}"
       end
+    end
+    report_runs(rows)
+  end
+
+  # Where the rows hold several runs (--repeat): each run's memkit GC runs
+  # per request over its heap run's, and their median.
+  def report_runs(rows)
+    rows.select { |r| r[:run] }.group_by { |r| [r[:ruby], r[:server], r[:load], r[:label]] }.each do |key, list|
+      ratios = list.group_by { |r| r[:run] }.values.filter_map do |run|
+        mk = run.find { |r| r[:mode].start_with?("memkit") }
+        heap = run.find { |r| r[:mode].start_with?("heap") }
+        per_request(mk) / per_request(heap) if mk && heap && per_request(heap).positive?
+      end
+      next if ratios.size < 2
+
+      ruby, server, load, label = key
+      sorted = ratios.sort
+      median = (sorted[(sorted.size - 1) / 2] + sorted[sorted.size / 2]) / 2
+      puts format("Ruby %s %-7s %-9s %s: GC/req vs heap by run %s; median %.2fx", ruby, server, load,
+                  label ? "memkit:#{label}" : "memkit", ratios.map { |x| format("%.2fx", x) }.join(", "), median)
     end
   end
 
