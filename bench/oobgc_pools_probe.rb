@@ -6,7 +6,9 @@
 # the pool's slots; each growth by running a pool dry (DryGrowth#run_dry),
 # with its plan; each minor GC DryGrowth#spent ran to take back Ruby's
 # allowance. Into why-PID.log in $OOBGC_PROBE_DIR (default /memkit/tmp/probe,
-# the repository's tmp/probe under script/ruby34).
+# the repository's tmp/probe under script/ruby34). bench/oobgc_decide_probe.rb
+# logs the GCs alone, from the 151st request; this one follows the growth from
+# the first, which is where a worker's pools come to differ.
 module WhyProbe
   LOG = []
   SUM = Hash.new(0)

@@ -259,7 +259,7 @@ module OobgcRails
                           row[:mode] == "memkit" ? " boot_env #{row[:boot_env]} window #{row[:oob_window]}" : "")
       row
     end
-    Array.new(opts[:repeat]) { |k| k }.product(opts[:servers]).each do |k, server|
+    (0...opts[:repeat]).to_a.product(opts[:servers]).each do |k, server|
       run = k
       modes = opts[:modes]
       mk = record.call(cell(server, "memkit", "saturated", opts)) if modes.include?("memkit")
@@ -347,7 +347,7 @@ module OobgcRails
 
       ruby, server, load, label = key
       sorted = ratios.sort
-      median = (sorted[(sorted.size - 1) / 2] + sorted[sorted.size / 2]) / 2
+      median = (sorted[(sorted.size - 1) / 2] + sorted[sorted.size / 2]) / 2 # the middle pair's mean when even
       puts format("Ruby %s %-7s %-9s %s: GC/req vs heap by run %s; median %.2fx", ruby, server, load,
                   label ? "memkit:#{label}" : "memkit", ratios.map { |x| format("%.2fx", x) }.join(", "), median)
     end
