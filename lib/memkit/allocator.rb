@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "../memkit"
+
 module Memkit
   # Which malloc a process really runs, and the arena settings it was started
   # with: what a fleet needs to know before trusting "we use jemalloc".

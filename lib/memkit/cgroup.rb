@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "../memkit"
+
 module Memkit
   # The memory limit and usage of a process's cgroup: what a container runtime
   # (Docker, Kubernetes, systemd) enforces, and what the kernel's OOM killer

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "../memkit"
+
 module Memkit
   # How much of a master's memory each forked worker still shares with it.
   #

@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require_relative "../memkit"
 require "rbconfig"
 require_relative "allocator"
 require_relative "cgroup"

@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require_relative "../memkit"
 require_relative "allocator"
 require_relative "cgroup"
 require_relative "metrics/exposition"

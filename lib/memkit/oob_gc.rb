@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require_relative "../memkit"
 require_relative "after_reply"
 require_relative "oob_gc/collector"
 

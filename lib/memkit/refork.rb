@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "../memkit"
+
 module Memkit
   # When to refork, decided from what the workers' memory shows rather than
   # from a request count.

@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require_relative "../memkit"
 require_relative "soak/fit"
 require_relative "soak/verdict"
 require_relative "soak/malloc_stats"

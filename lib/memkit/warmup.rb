@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require_relative "../memkit"
 require_relative "libc"
 require_relative "malloc_release"
 require_relative "warmup/app"
