@@ -196,6 +196,7 @@ module OobgcRails
       result.merge(
         server: server, mode: mode, load: load, ruby: RUBY_VERSION, workers: probes.size,
         requests: sum.("requests"), allocated: sum.("allocated"), gc_total: sum.("gc_total"),
+        allocated_pools: probes.map { |p| p["allocated_pools"] }.compact.transpose.map(&:sum).then { |a| a.empty? ? nil : a },
         gc_major: sum.("gc_major"),
         gc_inside: sum.("gc_inside"), gc_inside_major: sum.("gc_inside_major"),
         rss_kb: sum.("rss_kb").fdiv([probes.size, 1].max), heap_slots: sum.("heap_slots").fdiv([probes.size, 1].max),

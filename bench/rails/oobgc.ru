@@ -62,6 +62,7 @@ module BenchRails
       window = oob && @oob0 && %i[oob_minor oob_major grow_runs heap_grown_bytes].to_h { |k| [k, oob[k] - @oob0[k]] }
       ProbeFiles.write(File.join(@dir, "gc-#{Process.pid}.json"), {
         requests: @requests, allocated: GC.stat(:total_allocated_objects) - @allocated,
+        allocated_pools: allocated_pools&.zip(@allocated_pools)&.map { |now, base| now - base },
         gc_total: GC.count - @gc, gc_major: GC.stat(:major_gc_count) - @major,
         gc_inside: @inside, gc_inside_major: @inside_major, heap_slots: GC.stat(:heap_available_slots),
         rss_kb: File.read("/proc/self/status")[/VmRSS:\s+(\d+)/, 1].to_i, oob: oob, oob_window: window,
@@ -75,6 +76,7 @@ module BenchRails
     def zero
       @gc = GC.count
       @allocated = GC.stat(:total_allocated_objects)
+      @allocated_pools = allocated_pools
       @major = GC.stat(:major_gc_count)
       @inside = 0
       @inside_major = 0
@@ -82,6 +84,13 @@ module BenchRails
       @requests = 0
       @rss = []
       @oob0 = oob_stats
+    end
+
+    # Objects allocated per size pool so far (Ruby 3.3+), nil before.
+    def allocated_pools
+      return unless GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
+
+      GC.stat_heap.map { |_, h| h.fetch(:total_allocated_objects) }
     end
 
     def rss_kb = File.read("/proc/self/statm").split[1].to_i * 4
