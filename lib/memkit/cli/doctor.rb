@@ -9,7 +9,7 @@ module Memkit
       MARKS = { ok: "ok", warn: "WARN", fail: "FAIL" }.freeze
 
       def call(argv)
-        parse(argv, "[PID] [--json] [--no-probe]") do |o|
+        parse(argv, "[PID] [--json] [--no-probe] [--fibers N] [--timeout SECONDS]") do |o|
           json_option(o)
           o.on("--no-probe", "skip the checks that start a Ruby probe (fiber stacks, GC after fork)") do
             options[:probe] = false
