@@ -60,7 +60,7 @@ at_exit do
   next if WhyProbe::LOG.empty?
   n = WhyProbe::SUM[:n]
   File.open(File.join(ENV.fetch("OOBGC_PROBE_DIR", "/memkit/tmp/probe"), "why-#{Process.pid}.log"), "w") do |f|
-    f.puts "mean per pool: #{(0..4).map { |i| n.zero? ? 0 : (WhyProbe::SUM[i] / n) }.inspect} over #{n}; count #{GC.count}"
+    f.puts "mean per pool: #{GC.stat_heap.keys.map { |i| n.zero? ? 0 : (WhyProbe::SUM[i] / n) }.inspect} over #{n}; count #{GC.count}"
     WhyProbe::LOG.each { |l| f.puts l }
   end
 end
