@@ -61,13 +61,12 @@ module Memkit
       def plan(reading, profile, cover:, want:)
         count_dried
         short = grow_freely(reading, @policy.growth_shortfall(reading, profile, cover: cover, want: want))
-        objects = profile.objects
-        @weights = short.each_index.map do |i|
-          short[i].positive? ? objects.fetch(i, 0) * reading.fetch(:heaps).fetch(i).fetch(:slot_size, Policy::SizePools::BASE_SLOT_SIZE) : 0
-        end
+        @weights = weights(reading, short, profile)
         settled = @dried_at.nil? || GC.count > @dried_at
         @goal = @growth.off? ? 0 : @policy.goal_bytes(reading, profile)
-        @pool, @plan = (@policy.grow_by_allocation(reading, short, profile, budget: @growth.budget + @goal, cover: cover) if settled)
+        return @pool = @plan = nil unless settled
+
+        @pool, @plan = @policy.grow_by_allocation(reading, short, profile, budget: @growth.budget + @goal, cover: cover)
       end
 
       # Runs the minor GC due as Ruby's own where a growth is planned
@@ -142,7 +141,7 @@ module Memkit
       # 219,409 to 325,843 slots on a plan of one slot.
       def share_out(plan)
         sizes = plan.each_index.map { |i| GC.stat_heap(i, :slot_size) }
-        allowed = [GC.stat(:heap_allocatable_slots) * Policy::SizePools::BASE_SLOT_SIZE, @growth.budget + @goal.to_i].min
+        allowed = [GC.stat(:heap_allocatable_slots) * Policy::SizePools::BASE_SLOT_SIZE, @growth.budget + @goal].min
         planned = plan.each_with_index.sum { |slots, i| slots * sizes[i] }
         return plan.map { |slots| (slots * allowed.fdiv(planned)).floor } if planned > allowed
 
@@ -151,6 +150,17 @@ module Memkit
 
         rest = allowed - planned
         plan.each_with_index.map { |slots, i| slots + (rest * @weights.fetch(i, 0) / total / sizes[i]) }
+      end
+
+      # Bytes a request allocates in each pool `short` has short (0 in the
+      # others), by which #share_out divides what the plan leaves.
+      def weights(reading, short, profile)
+        heaps = reading.fetch(:heaps)
+        short.each_index.map do |i|
+          next 0 unless short[i].positive?
+
+          profile.objects.fetch(i, 0) * heaps.fetch(i).fetch(:slot_size, Policy::SizePools::BASE_SLOT_SIZE)
+        end
       end
 
       # A pool below its initial slots takes new pages with no GC (Ruby

@@ -67,8 +67,8 @@ module Memkit
         # A pool's free slots, and the slots it takes as pages with no GC
         # while under its initial slots. Once the collector grows the heap
         # (#share), a pool counts only its share of the pages the last dry
-        # GC let in, not Ruby's shared allocatable slots: the next GC that
-        # allocation did not start sets those back to zero.
+        # GC let in, not Ruby's shared allocatable slots, which any pool may
+        # take and a GC the collector starts may set back to zero.
         #
         # Under its initial slots, a pool takes new pages with no GC once its
         # sweep is done (heap_prepare; the 640-byte pool went from 304 slots
