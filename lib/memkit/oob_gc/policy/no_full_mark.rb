@@ -84,8 +84,8 @@ module Memkit
         # they are the rest of a fresh process's initial heap, and they are
         # room: not counted, the heap looked full, and the "keeping" app of
         # test/integration/oob_gc_test.rb ran a GC after its first request,
-        # a :nofree major every fourth, and a GC inside every other request
-        # until the 20th.
+        # a :nofree major after every second one, and a GC inside 14 of its
+        # 3rd to 20th requests.
         def free(reading)
           heaps = reading.fetch(:heaps)
           shares = shares(reading)
