@@ -446,25 +446,6 @@ class OobGCPolicyTest < Minitest::Test
     assert_nil policy.decide(reading, req)
   end
 
-  # Ruby 3.4's allocatable slots are one count every pool draws on. Before
-  # the collector grows the heap they are the rest of the initial heap, room
-  # in every pool. After a dry growth only the pools it shared them out to
-  # count them, each its share less the pages it has taken, within what is
-  # left; a GC since ends the shares.
-  def test_no_full_mark_counts_a_pools_share_of_the_allowance_only
-    policy = Policy::NoFullMark.new
-    pools = [[100_000, 90_000], [50_000, 45_000], [20_000, 19_000]]
-    reading = pooled(pools, shared_allocatable: 40_000, count: 7)
-    assert_equal [50_000, 25_000, 11_000], policy.free(reading), "no growth yet: 40,000 base slots in every pool"
-    policy.share(7, [0, 2_000, 500], [100_000, 50_000, 20_000])
-    assert_equal [10_000, 7_000, 1_500], policy.free(reading)
-    took = pooled([[100_000, 90_000], [51_000, 46_000], [20_000, 19_000]], shared_allocatable: 38_000, count: 7)
-    assert_equal [10_000, 6_000, 1_500], policy.free(took), "pool 1 took 1,000 slots of its 2,000"
-    policy.share(7, [0, 0, 100_000], [100_000, 50_000, 20_000])
-    assert_equal [10_000, 5_000, 11_000], policy.free(reading), "40,000 base slots are 10,000 of 160 bytes"
-    assert_equal [10_000, 5_000, 1_000], policy.free(pooled(pools, shared_allocatable: 40_000, count: 8)), "a GC since"
-  end
-
   def test_no_full_mark_runs_the_major_as_soon_as_ruby_wants_one
     policy = Policy::NoFullMark.new
     req = profile([1_000, 1_000])
@@ -489,29 +470,24 @@ class OobGCPolicyTest < Minitest::Test
   # Recorded on Ruby 3.4, "large" shape (docs/BENCHMARKS.md, "OobGC: GC runs per request"): pool 1
   # swept to 18% free after every GC while the shared allocatable slots made
   # every pool look roomy. Ruby asks for a :nofree major at the third minor;
-  # growth must be wanted for pool 1, whatever the shared slots.
+  # growth must be wanted for pool 1 even though #shortfall, counting the
+  # shared slots, says nothing is short.
   def test_no_full_mark_wants_growth_for_a_pool_under_rubys_free_minimum
     policy = Policy::NoFullMark.new
     req = profile([55_000, 3_500, 6_000])
     after_gc = pooled([[943_143, 491_082], [99_024, 80_853], [266_113, 199_830]], shared_allocatable: 35_727)
+    assert_equal [0, 0, 0], policy.shortfall(after_gc, req, cover: 2.1)
     short = policy.growth_shortfall(after_gc, req, cover: 2.1)
     free1 = 99_024 - 80_853
     assert_operator short[1], :>=, (99_024 * 0.2).ceil + 3_500 - free1, "Ruby's 20% and one request more"
-    # Short of its share of the requests pool 0 holds too (8.2), and more
-    # of Ruby's free goal: 40% of its slots free after a GC, what Ruby alone
-    # grows a pool to.
-    assert_operator short[1], :>=, (3_500 * (452_061 / 55_000.0)).ceil - free1
-    goal = ->(live, free) { (live * 0.4 / 0.6).ceil - free }
-    assert_equal goal.(80_853, free1), short[1]
+    # Without the shared slots it falls short of its share of the requests pool 0 holds too (8.2).
+    assert_equal (3_500 * (452_061 / 55_000.0)).ceil - free1, short[1]
     assert_equal 0, short[0]
-    # Pool 2 holds 66,283 free of its own: 11 requests, but 25% of its slots.
-    assert_equal goal.(199_830, 66_283), short[2]
+    # Pool 2 holds 66,283 free of its own: 25%, and 11 requests.
+    assert_equal 0, short[2]
     pool, plan = policy.grow_by_allocation(after_gc, short, req, budget: 64 << 20, cover: 2.1)
     assert_equal 1, pool
-    assert_equal 0, plan[0]
-    assert_operator plan[1], :>=, (99_024 * 0.2).ceil + 3_500 - free1, "pool 1 to its free minimum and one request more"
-    assert_operator (plan[1] * 80) + (plan[2] * 160), :<=, policy.growth_step(after_gc, 1),
-                    "within what Ruby allows when pool 1 runs dry"
+    assert_equal [0, short[1], 0], plan, "pool 1 to its free minimum and one request more"
     assert_nil policy.grow_by_allocation(after_gc, short, req, budget: 0, cover: 2.1), "no budget, no growth"
   end
 
@@ -595,24 +571,10 @@ class OobGCPolicyTest < Minitest::Test
     policy = Policy::NoFullMark.new(init_slots: [10_000] * 5)
     assert_nil policy.decide(pooled(heaps), req)
     assert_equal 26 + (10_000 - 6_926), policy.free(pooled(heaps))[3]
-    goal = (6_900 * 0.4 / 0.6).ceil - 26
-    assert_operator goal, :>, 2_000 + 213 - 26
-    assert_equal goal, policy.growth_shortfall(pooled(heaps), req, cover: 2.1)[3],
-                 "the pool's own free slots for Ruby's free goal, above its minimum and one request"
+    assert_equal 2_000 + 213 - 26, policy.growth_shortfall(pooled(heaps), req, cover: 2.1)[3],
+                 "the pool's own free slots for Ruby's minimum"
     at_init = Policy::NoFullMark.new(init_slots: [10_000, 10_000, 10_000, 6_926, 1_624])
     assert_equal :minor, at_init.decide(pooled(heaps), req)
-  end
-
-  # What Ruby alone grows the pools a request uses to: 40% of their slots
-  # free after a GC (DryGrowth does not charge it to the growth budget).
-  def test_no_full_mark_goal_bytes_are_what_ruby_would_grow_the_pools_to
-    policy = Policy::NoFullMark.new
-    req = profile([10_000, 0, 1_000])
-    reading = pooled([[100_000, 90_000], [50_000, 45_000], [20_000, 10_000]], shared_allocatable: 40_000)
-    # Pool 0: 90,000 live want 60,000 free, and it has 10,000 of its own.
-    # Pool 1: no request uses it. Pool 2: 50% free already.
-    assert_in_delta 50_000 * 40, policy.goal_bytes(reading, req), 40, "the shared slots are not pool 0's"
-    assert_equal 0, policy.goal_bytes(pooled([[100_000, 50_000]]), profile([10_000]))
   end
 
   # Running a pool dry right after a GC, Ruby grows it by 1 / (1 - 0.4)

@@ -176,6 +176,7 @@ module Memkit
           malloc = GC.stat(:malloc_increase_bytes)
           learn(token, count, now, malloc)
           @last = [count, now, malloc]
+          @cycle = [GC.count, @seen] if @dry&.spent
           next if quiet?(count, now, malloc)
 
           @quiet = nil

@@ -14,24 +14,19 @@ module Memkit
     # So after a GC that left pools short (#plan), the next minor GC due runs
     # as Ruby's own (#run_due_minor): garbage is allocated in the pool the
     # policy chose until it is dry and Ruby collects and allows the heap more
-    # pages. No GC is added: it is the GC that was due. Those pages are shared
-    # out (#share_out): each pool may take its share as it runs out of its own
-    # slots (the policy counts the share as room, Policy::NoFullMark#share),
-    # and takes what is left of it just before the next minor GC
-    # (#take_left). No pool is filled at once: filled right after the GC, a
-    # pool's free slots held garbage for the whole cycle, the next GC came
-    # after half the requests, and on the Rails app (3.4) memkit ran 1.15x
-    # the GC runs of Ruby alone at its heap (docs/BENCHMARKS.md). A pool
+    # pages. No GC is added: it is the GC that was due. The pools then take
+    # those pages by the policy's plan (#take_plan), at once as far as
+    # FILL_SLOTS goes, the rest as their requests need them or just before
+    # the next minor GC (#take_left); once they have taken the plan's bytes,
+    # a minor GC takes back what Ruby allowed beyond it (#spent). A pool
     # below its initial slots grows with no GC at all (#grow_freely).
-    # Everything added counts against `growth`, the collector's budget, but
-    # a growth may pass what is left of it by what the pools lack of Ruby's
-    # own free goal (Policy::NoFullMark#goal_bytes), as Ruby alone would
-    # grow them: held to the budget, the "cache" shape's heap, whose live
-    # objects keep growing, ran 2.2-4.1x the GC runs of no OobGC.
+    # Everything added counts against `growth`, the collector's budget.
     class DryGrowth
-      # After a growth: the GC that allowed the pages, and the slots per pool
-      # left to take as of `eden`, the pools' slots then (#take_left).
-      Pending = Struct.new(:count, :left, :eden)
+      # After a growth that left pools to take their pages (#take_plan): the
+      # GC that allowed the pages, the eden bytes past which the rest is taken
+      # back (#spent), and the slots per pool left to take as of `eden`, the
+      # pools' slots then (#take_left).
+      Pending = Struct.new(:count, :limit, :left, :eden)
 
       # Slots allocated beyond the pool's free count before #run_dry stops
       # waiting for Ruby to collect (GC.disable'd, or a count that was off).
@@ -47,8 +42,6 @@ module Memkit
         @pool = nil # the pool to run dry at the next minor GC due, and
         @plan = nil # the slots each pool takes of the pages Ruby allows then
         @pending = nil # a Pending while pools still have pages to take
-        @weights = nil # bytes a request allocates per pool, in the pools still short
-        @goal = 0 # bytes the pools lack of Ruby's free goal (Policy::NoFullMark#goal_bytes)
         @dry_base = nil # eden bytes before the first growth
         @dried_at = nil # GC.count after the last growth
       end
@@ -61,12 +54,8 @@ module Memkit
       def plan(reading, profile, cover:, want:)
         count_dried
         short = grow_freely(reading, @policy.growth_shortfall(reading, profile, cover: cover, want: want))
-        @weights = weights(reading, short, profile)
         settled = @dried_at.nil? || GC.count > @dried_at
-        @goal = @growth.off? ? 0 : @policy.goal_bytes(reading, profile)
-        return @pool = @plan = nil unless settled
-
-        @pool, @plan = @policy.grow_by_allocation(reading, short, profile, budget: @growth.budget + @goal, cover: cover)
+        @pool, @plan = (@policy.grow_by_allocation(reading, short, profile, budget: @growth.budget, cover: cover) if settled)
       end
 
       # Runs the minor GC due as Ruby's own where a growth is planned
@@ -78,12 +67,33 @@ module Memkit
         pool ? run_dry(pool, reading) : false
       end
 
-      # A minor GC is due while pools have not taken their shares of the
-      # pages Ruby allowed: their free slots are fewest now, and the GC about
-      # to run frees the fillers, so they take them now, as far as FILL_SLOTS
-      # goes. Returns whether any did. On the "large" shape (3.4) a GC due
-      # for another pool came first, and took the pages back, often enough
-      # for 1.12x Ruby alone's GC runs in one process (1.00x with this).
+      # After each unit of work, where #take_plan left pools to grow: once
+      # the heap has gained the plan's bytes since the GC that allowed the
+      # pages, a minor GC that allocation did not start takes the rest back
+      # (#drop_allowance). Every pool counts the pages allowed as free, and
+      # the first to run out takes them: left alone, the main pool of the
+      # "large" shape took all 18-28 MB Ruby allowed, the heap grew 72 MB
+      # where the bound was 64, RSS 1.34x no OobGC. Returns whether it ran
+      # that GC.
+      def spent
+        return false unless @pending
+
+        @pending = nil unless @pending.count == GC.count
+        return false unless @pending && HeapGrowth.eden_bytes >= @pending.limit
+
+        @pending = nil
+        return false unless drop_allowance(0)
+
+        @policy.collected(:minor, Collector.reading)
+        true
+      end
+
+      # A minor GC is due while pools #take_plan left out have not taken
+      # their slots of the pages Ruby allowed: their free slots are fewest
+      # now, so they take them now, as far as FILL_SLOTS goes. Returns
+      # whether any did. On the "large" shape (3.4) a GC due for another
+      # pool came first, and took the pages back, often enough for 1.12x
+      # Ruby alone's GC runs in one process (1.00x with this).
       def take_left
         pending = @pending
         return false unless pending&.count == GC.count
@@ -123,44 +133,18 @@ module Memkit
           allocated += 1
         end
         GCRest.finish
-        shares = share_out(@plan)
-        @pending = Pending.new(GC.count, shares, Collector.eden_slots)
-        @policy.share(@pending.count, shares, @pending.eden)
+        before = HeapGrowth.eden_bytes
+        left = take_plan(@plan)
+        budget = @growth.budget - (HeapGrowth.eden_bytes - before)
+        spend = [left.each_with_index.sum { |slots, i| slots * GC.stat_heap(i, :slot_size) }, budget].min
+        if spend.positive?
+          @pending = Pending.new(GC.count, HeapGrowth.eden_bytes + spend, left, Collector.eden_slots)
+        else
+          drop_allowance(budget)
+        end
         @dried_at = GC.count
         Counters.grew(0)
         true
-      end
-
-      # The pages Ruby allowed at the dry GC (heap_allocatable_slots, counted
-      # in slots of the smallest size), within the growth budget, as slots
-      # per pool: the plan first, the rest among the pools still short in
-      # proportion to the bytes a request allocates in each, so that each
-      # gains as many requests' worth. Left to themselves, the pages went to
-      # whichever pool ran out first: the two workers of the Rails app ended
-      # with different pools short, and one worker's 40-byte pool grew from
-      # 219,409 to 325,843 slots on a plan of one slot.
-      def share_out(plan)
-        sizes = plan.each_index.map { |i| GC.stat_heap(i, :slot_size) }
-        allowed = [GC.stat(:heap_allocatable_slots) * Policy::SizePools::BASE_SLOT_SIZE, @growth.budget + @goal].min
-        planned = plan.each_with_index.sum { |slots, i| slots * sizes[i] }
-        return plan.map { |slots| (slots * allowed.fdiv(planned)).floor } if planned > allowed
-
-        total = @weights.sum
-        return plan if total.zero?
-
-        rest = allowed - planned
-        plan.each_with_index.map { |slots, i| slots + (rest * @weights.fetch(i, 0) / total / sizes[i]) }
-      end
-
-      # Bytes a request allocates in each pool `short` has short (0 in the
-      # others), by which #share_out divides what the plan leaves.
-      def weights(reading, short, profile)
-        heaps = reading.fetch(:heaps)
-        short.each_index.map do |i|
-          next 0 unless short[i].positive?
-
-          profile.objects.fetch(i, 0) * heaps.fetch(i).fetch(:slot_size, Policy::SizePools::BASE_SLOT_SIZE)
-        end
       end
 
       # A pool below its initial slots takes new pages with no GC (Ruby
@@ -182,13 +166,13 @@ module Memkit
         end
       end
 
-      # Has each pool take its slots of `plan` (#take_pages), cheapest
+      # Has each pool take its slots of the plan (#take_pages), cheapest
       # first, while the slots filled stay within FILL_SLOTS. Returns the
-      # slots per pool left to take. A pool takes new pages only once its
-      # free slots are used, so the fillers fill those first: the main pool
-      # of the "large" shape (3.4) held most of ten requests free right after
-      # a GC, and filling it then held Puma's next request 60-140 ms (p99
-      # 6-10x no OobGC at 60% load).
+      # slots per pool left to take (#spent, #take_left). A pool takes
+      # new pages only once its free slots are used, so the fillers fill
+      # those first: right after a GC the main pool of the "large" shape
+      # (3.4) held most of ten requests free, and filling it then held
+      # Puma's next request 60-140 ms (p99 6-10x no OobGC at 60% load).
       def take_plan(plan)
         cost = plan.each_index.map { |i| free_slots(i) + plan[i] if plan[i].positive? }
         left = plan.dup
@@ -220,6 +204,25 @@ module Memkit
         allowed = GC.stat(:heap_allocatable_slots) * Policy::SizePools::BASE_SLOT_SIZE / size
         allowed = [slots, allowed, @growth.budget / size].min
         fill_past(index, allowed) if allowed.positive?
+      end
+
+      # The pages Ruby allowed and #take_pages left go to whichever pool
+      # runs out first during the next requests, all charged to the growth
+      # budget: on the "large" shape 164,000 slots of the main pool, beyond
+      # what the plan chose, spent the rest of the budget, and on Puma the
+      # heap grew 80 MB (RSS 1.4x no OobGC) where the bound was 64. Where
+      # they are more than the `budget` bytes left, a minor GC that
+      # allocation did not start takes them back (and frees #take_pages'
+      # fillers). A pending major does too, and runs next (Collector#run).
+      def drop_allowance(budget)
+        allowed = GC.stat(:heap_allocatable_slots) * Policy::SizePools::BASE_SLOT_SIZE
+        return unless allowed > budget
+        return if GC.latest_gc_info(:need_major_by)
+
+        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        GC.start(full_mark: false, immediate_sweep: true)
+        Counters.record(false, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
+        true
       end
 
       # Fills pool `index` past its free slots by `slots`, with objects

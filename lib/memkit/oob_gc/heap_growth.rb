@@ -59,10 +59,6 @@ module Memkit
 
       def budget = [[@max_bytes, @allowed || @max_bytes].min - @grown_bytes, 0].max
 
-      # max_heap_growth: 0, no growth at all (not even to Ruby's free goal,
-      # which DryGrowth does not charge to the budget).
-      def off? = @max_bytes <= 0
-
       # Counts `bytes` the heap grew by other means against the budget.
       def record(bytes)
         @grown_bytes += bytes

@@ -40,7 +40,6 @@ module Memkit
           @valve_ratio = valve_ratio.to_f
           @init_slots = init_slots
           @baseline = nil
-          @share = nil # see #share
         end
 
         # Ruby looks at oldmalloc only at the end of a minor GC; with full
@@ -64,40 +63,16 @@ module Memkit
           margins
         end
 
-        # A pool's free slots, and the slots it takes as pages with no GC
-        # while under its initial slots. Once the collector grows the heap
-        # (#share), a pool counts only its share of the pages the last dry
-        # GC let in, not Ruby's shared allocatable slots, which any pool may
-        # take and a GC the collector starts may set back to zero.
-        #
-        # Under its initial slots, a pool takes new pages with no GC once its
-        # sweep is done (heap_prepare; the 640-byte pool went from 304 slots
-        # to 3,358 with no GC). Ruby 3.3 shows them as the pool's
-        # heap_allocatable_pages; 3.4 shows nothing, and such a pool looked
-        # full: on the Rails app the 320- and 640-byte pools (6,700 and 2,400
-        # slots) made 4-6% of the out-of-band GCs due, GCs Ruby would not
-        # have run.
-        #
-        # Counted in every pool after a dry GC, the shared slots let a pool
-        # run past its own slots, and the pages went to whichever ran out
-        # first, not to those the growth was for. Before the first growth
-        # they are the rest of a fresh process's initial heap, and they are
-        # room: not counted, the heap looked full, and the "keeping" app of
-        # test/integration/oob_gc_test.rb ran a GC after its first request,
-        # a :nofree major after every second one, and a GC inside 14 of its
-        # 3rd to 20th requests.
+        # Also the slots a pool under its initial slots takes as new pages
+        # with no GC once its sweep is done (heap_prepare; the 640-byte pool
+        # went from 304 slots to 3,358 with no GC). Ruby 3.3 shows them as
+        # the pool's heap_allocatable_pages, which #free counts; 3.4 shows
+        # nothing, and such a pool looked full: on the Rails app the 320- and
+        # 640-byte pools (6,700 and 2,400 slots) made 4-6% of the out-of-band
+        # GCs due, GCs Ruby would not have run.
         def free(reading)
           heaps = reading.fetch(:heaps)
-          shares = shares(reading)
-          free_slots(@share ? own(reading) : reading).each_with_index.map do |f, i|
-            f + below_init(heaps.fetch(i), i) + shares.fetch(i, 0)
-          end
-        end
-
-        # Told after a dry GC (DryGrowth): from GC `count` on, pool i may take
-        # slots[i] of the pages Ruby allowed, counted from eden[i] slots.
-        def share(count, slots, eden)
-          @share = [count, slots, eden]
+          free_slots(reading).each_with_index.map { |f, i| f + below_init(heaps.fetch(i), i) }
         end
 
         # kind :grown: the collector grew the heap, which the valve must not
@@ -193,33 +168,13 @@ module Memkit
           free = free_slots(own)
           objects = profile.objects
           short = shortfall(own, profile, cover: cover, want: want)
-          lives = lives(own)
           reading.fetch(:heaps).each_with_index.map do |h, i|
             need = objects.fetch(i, 0)
             next short[i] unless need.positive?
 
-            [short[i], floor(h, i, free[i], need), goal_lack(lives[i], free[i])].max
+            [short[i], floor(h, i, free[i], need)].max
           end
         end
-
-        # Bytes the pools a request allocates in lack, just after a GC, to
-        # have Ruby's free goal (GOAL_RATIO) of their slots free: what Ruby
-        # alone would grow them to, not charged to memkit's growth budget.
-        def goal_bytes(reading, profile)
-          own = own(reading)
-          free = free_slots(own)
-          lives = lives(own)
-          objects = profile.objects
-          reading.fetch(:heaps).each_with_index.sum do |h, i|
-            next 0 unless objects.fetch(i, 0).positive?
-
-            [goal_lack(lives[i], free[i]), 0].max * h.fetch(:slot_size, BASE_SLOT_SIZE)
-          end
-        end
-
-        # Slots a pool with `live` objects and `free` slots free after a GC
-        # lacks to have Ruby's free goal of its slots free.
-        def goal_lack(live, free) = (live * GOAL_RATIO / (1 - GOAL_RATIO)).ceil - free
 
         # Slots pool `index` (`heap`, `free` slots free after a GC) lacks to
         # keep Ruby's free minimum and one request (`need` slots) more.
@@ -276,20 +231,6 @@ module Memkit
           slots = take.(low)
           slots.each_index { |i| plan[i] += slots[i] }
           cost.(slots)
-        end
-
-        # Slots per pool still to take of its #share, within the shared
-        # allocatable slots left ([] when none holds: a GC has run since).
-        def shares(reading)
-          count, slots, eden = @share
-          stat = reading.fetch(:stat)
-          shared = stat.fetch(:heap_allocatable_slots, 0)
-          return [] unless count == stat.fetch(:count) && shared.positive?
-
-          reading.fetch(:heaps).each_with_index.map do |h, i|
-            left = slots.fetch(i, 0) - (h.fetch(:heap_eden_slots) - eden.fetch(i))
-            left.positive? ? [left, shared * BASE_SLOT_SIZE / h.fetch(:slot_size, BASE_SLOT_SIZE)].min : 0
-          end
         end
 
         # `reading` without the shared allocatable slots, which the next GC
