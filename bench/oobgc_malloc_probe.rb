@@ -5,6 +5,7 @@
 # after 50 of warm-up, once with Ruby alone and once through Memkit::OobGC.
 #   script/ruby34 bundle exec ruby -Ilib bench/oobgc_malloc_probe.rb
 require "memkit/oob_gc"
+
 RETAINED = Array.new(100_000) { |i| ["k#{i}", "v#{i}" * (1 + (i % 5)), [i]] }
 def serve(app, n, hook:, out_of_band: false)
   n.times do
@@ -22,10 +23,14 @@ app = lambda do |_env|
 end
 GC.start
 serve(app, 50, hook: :none)
-c = GC.count; serve(app, 200, hook: :none); alone = GC.count - c
+count = GC.count
+serve(app, 200, hook: :none)
+alone = GC.count - count
 oob = Memkit::OobGC.new(app)
 serve(oob, 50, hook: :after_reply, out_of_band: true)
 Memkit::OobGC.reset_stats
 serve(oob, 200, hook: :after_reply, out_of_band: true)
 s = Memkit::OobGC.stats
-puts "alone=#{alone} memkit=#{s.oob_total + s.inside_total} (minor #{s.oob_minor} major #{s.oob_major} inside #{s.inside_total}) ratio=#{((s.oob_total + s.inside_total).fdiv(alone)).round(2)}"
+total = s.oob_total + s.inside_total
+puts "alone=#{alone} memkit=#{total} (minor #{s.oob_minor} major #{s.oob_major} inside #{s.inside_total}) " \
+     "ratio=#{total.fdiv(alone).round(2)}"
