@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# One bench/oobgc_shapes.rb cell (mode memkit) with each out-of-band GC
+# One bench/oobgc_shapes.rb cell (mode memkit, or none) with each out-of-band GC
 # printed: the request it followed, what started it, each pool's free slots
 # as the policy counts them, each pool's slots after it, and, on Ruby 3.4,
 # the growth planned and the pools' shares of the last dry GC's pages; and
