@@ -8,11 +8,12 @@
 #   script/ruby34 bundle exec ruby -Ilib bench/oobgc_shape_trace.rb medium [requests] [memkit|none]
 require "memkit"
 require "memkit/oob_gc"
+require_relative "oobgc_shapes"
 
-shape = ARGV.fetch(0, "medium")
-env = File.read(File.expand_path("oobgc_shapes.rb", __dir__))[/^  "#{Regexp.escape(shape)}" => (\{[^}]*\})/, 1] or
-  abort "oobgc_shape_trace: no shape #{shape.inspect} in bench/oobgc_shapes.rb"
-env.scan(/"(\w+)" => "([^"]*)"/) { |k, v| ENV[k] = v }
+shape, requests, mode = ARGV
+shape ||= "medium"
+SHAPES.fetch(shape) { abort "oobgc_shape_trace: no shape #{shape.inspect} (#{SHAPES.keys.join(', ')})" }
+      .each { |k, v| ENV[k] = v }
 
 module ShapeTrace
   def collect(kind, reading, lazy, headroom)
@@ -26,6 +27,5 @@ module ShapeTrace
   end
 end
 Memkit::OobGC::Collector.prepend(ShapeTrace)
-at_exit { warn "slots at the end #{Memkit::OobGC::Collector.eden_slots}" }
-ARGV.replace(["--child", ARGV.fetch(2, "memkit"), ARGV.fetch(1, "600")])
-load File.expand_path("oobgc_shapes.rb", __dir__)
+child(mode || "memkit", Integer(requests || REQUESTS.fetch(shape)))
+warn "slots at the end #{Memkit::OobGC::Collector.eden_slots}"

@@ -72,6 +72,9 @@ def child(mode, requests)
   )
 end
 
+# Required (bench/oobgc_shape_trace.rb) for SHAPES, REQUESTS and #child alone.
+return unless File.expand_path($PROGRAM_NAME) == File.expand_path(__FILE__)
+
 if ARGV[0] == "--child"
   child(ARGV[1], Integer(ARGV[2]))
   exit
