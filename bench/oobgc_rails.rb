@@ -18,7 +18,12 @@
 #
 # --modes memkit,none,heap picks the modes (heap needs a memkit run first, or
 # --boot-env K=V,...; --anchor actual: on Ruby 3.1, heap at the slots memkit's
-# workers had at exit instead of the INIT_SLOTS memkit advises); --patch FILE has each worker load FILE after memkit (a
+# workers had at exit instead of the INIT_SLOTS memkit advises; --anchor
+# workers: besides heap, one "heapw" run per memkit worker at that worker's
+# own boot_env, and memkit's GC runs against those: the workers of one run
+# can grow different pools (3.4: one worker's 160-byte pool at 124,745
+# slots, the other's at 69,121), and the mean per value is a heap neither
+# had); --patch FILE has each worker load FILE after memkit (a
 # prototype change to OobGC, measured without editing lib/); --label names
 # such a run in the tables. Besides the GC counts, each row keeps why the
 # GCs inside requests ran (gc_by/major_by), the workers' RSS sampled every 25
@@ -210,7 +215,10 @@ module OobgcRails
         rss_mean_kb: mean.(probes.map { |p| p["rss_mean_kb"] }), rss_max_kb: mean.(probes.map { |p| p["rss_max_kb"] }),
         memory: memory.empty? ? nil : (memory.first.keys - [:pools]).to_h { |k| [k, mean.(memory.map { |m| m[k] })&.round] },
         pools: memory.map { |m| m[:pools] }.compact,
-        profile: oob.map { |o| o["profile"] }.compact.first
+        profile: oob.map { |o| o["profile"] }.compact.first,
+        per_worker: probes.map do |p|
+          { requests: p["requests"].to_i, gc_total: p["gc_total"].to_i, boot_env: p.dig("oob", "boot_env") }
+        end
       )
     end
   end
@@ -229,7 +237,8 @@ module OobgcRails
       o.on("--patch FILE", "memkit mode's workers load FILE after memkit") { |v| opts[:patch] = v }
       o.on("--label NAME", "names this run's rows in the tables") { |v| opts[:label] = v }
       o.on("--repeat N", Integer, "run it all N times in turn; the median GC/req ratio") { |v| opts[:repeat] = v }
-      o.on("--anchor KIND", "heap mode at memkit's advised boot_env (advised) or its heap at exit (actual)") do |v|
+      o.on("--anchor KIND", "heap mode at memkit's advised boot_env (advised) or its heap at exit (actual); " \
+                            "workers: also one heapw run per memkit worker, at that worker's boot_env") do |v|
         opts[:anchor] = v
       end
       o.on("--boot-env LIST", Array, "heap mode's RUBY_GC_* values, K=V,...") do |v|
@@ -272,6 +281,13 @@ module OobgcRails
         boot_env = { "RUBY_GC_HEAP_INIT_SLOTS" => mk[:heap_slots].round }
       end
       record.call(cell(server, "heap", "saturated", opts, boot_env: boot_env)) if modes.include?("heap") && boot_env
+      if opts[:anchor] == "workers" && mk && modes.include?("heap")
+        mk[:per_worker].each_with_index do |w, k|
+          next if w[:boot_env].nil? || w[:boot_env].empty?
+
+          record.call(cell(server, "heapw", "saturated", opts, boot_env: w[:boot_env]).merge(worker: k))
+        end
+      end
       next unless opts[:paced] && mk && none
 
       pace = [(1000.0 * opts[:connections] / (none[:rps] * 0.6) - none[:p50].to_f).round, 1].max
@@ -318,6 +334,9 @@ module OobgcRails
                          heap[:boot_env_used]&.map { |k, v| "#{k}=#{v}" }&.join(" ") || "memkit's heap size")
           line << format(", p99 %.2fx heap", mk[:p99].to_f / heap[:p99].to_f)
         end
+        if (ratio = per_worker_ratio(mk, list.select { |r| r[:mode].split(":").first == "heapw" && r[:run] == mk[:run] }))
+          line << format("; GC/req %.2fx Ruby alone at each worker's own heap", ratio)
+        end
         if (none = by["none:#{label}"] || by["none"])
           line << format(", GC/req %.2fx none; req/s %.2fx none, p99 %.2fx none, RSS %.2fx none (mean %.2fx)",
                          per_request(mk) / per_request(none), mk[:rps] / none[:rps], mk[:p99].to_f / none[:p99].to_f,
@@ -341,17 +360,38 @@ module OobgcRails
     rows.select { |r| r[:run] }.group_by { |r| [r[:ruby], r[:server], r[:load], r[:label]] }.each do |key, list|
       ratios = list.group_by { |r| r[:run] }.values.filter_map do |run|
         mk = run.find { |r| r[:mode].start_with?("memkit") }
-        heap = run.find { |r| r[:mode].start_with?("heap") }
+        heap = run.find { |r| r[:mode].split(":").first == "heap" }
         per_request(mk) / per_request(heap) if mk && heap && per_request(heap).positive?
       end
-      next if ratios.size < 2
-
-      ruby, server, load, label = key
-      sorted = ratios.sort
-      median = (sorted[(sorted.size - 1) / 2] + sorted[sorted.size / 2]) / 2 # the middle pair's mean when even
-      puts format("Ruby %s %-7s %-9s %s: GC/req vs heap by run %s; median %.2fx", ruby, server, load,
-                  label ? "memkit:#{label}" : "memkit", ratios.map { |x| format("%.2fx", x) }.join(", "), median)
+      own = list.group_by { |r| r[:run] }.values.filter_map do |run|
+        mk = run.find { |r| r[:mode].start_with?("memkit") }
+        per_worker_ratio(mk, run.select { |r| r[:mode].split(":").first == "heapw" }) if mk
+      end
+      print_runs(key, ratios, "heap")
+      print_runs(key, own, "each worker's own heap")
     end
+  end
+
+  def print_runs(key, ratios, anchor)
+    return if ratios.size < 2
+
+    ruby, server, load, label = key
+    sorted = ratios.sort
+    median = (sorted[(sorted.size - 1) / 2] + sorted[sorted.size / 2]) / 2 # the middle pair's mean when even
+    puts format("Ruby %s %-7s %-9s %s: GC/req vs %s by run %s; median %.2fx", ruby, server, load,
+                label ? "memkit:#{label}" : "memkit", anchor, ratios.map { |x| format("%.2fx", x) }.join(", "), median)
+  end
+
+  # memkit's GC runs over those Ruby alone runs at each worker's own heap
+  # (--anchor workers): worker k's requests at the GC runs per request of
+  # the heapw run booted with worker k's boot_env. nil without such runs.
+  def per_worker_ratio(mk, anchors)
+    pairs = (mk[:per_worker] || []).each_with_index.filter_map do |w, k|
+      anchor = anchors.find { |r| r[:worker] == k } or next
+      [w, per_request(anchor)]
+    end
+    expected = pairs.sum { |w, rate| w[:requests] * rate }
+    pairs.sum { |w, _| w[:gc_total] } / expected if expected.positive?
   end
 
   def mb(kb) = kb ? format("%.1f", kb / 1024.0) : "-"
