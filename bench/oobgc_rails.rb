@@ -105,7 +105,7 @@ module OobgcRails
             "BUNDLE_LOCKFILE" => nil, "BUNDLER_SETUP" => nil,
             "OOBGC" => mode == "memkit" ? "1" : nil, "OOBGC_DIR" => dir, "OOBGC_SKIP" => SKIP.to_s,
             "OOBGC_PATCH" => mode == "memkit" && patch ? File.expand_path(patch) : nil }
-    env.merge!(boot_env.transform_values(&:to_s)) if mode == "heap"
+    env.merge!(boot_env.transform_values(&:to_s)) if mode.start_with?("heap")
     # A rackup file on Puma's command line overrides the one in puma.rb.
     argv = server == "unicorn" ? %w[unicorn -c unicorn.rb oobgc.ru] : %w[puma -C puma.rb oobgc.ru]
     argv = ["bundle", "exec", *argv]
@@ -207,7 +207,7 @@ module OobgcRails
         rss_kb: sum.("rss_kb").fdiv([probes.size, 1].max), heap_slots: sum.("heap_slots").fdiv([probes.size, 1].max),
         boot_env: mean_env(oob.map { |o| o["boot_env"] }.reject { |e| e.nil? || e.empty? }),
         gave_up: oob.map { |o| o["gave_up"] }.compact.first, heap_grown: oob.sum { |o| o["heap_grown_bytes"].to_i },
-        boot_env_used: mode == "heap" ? boot_env : nil, label: opts[:label],
+        boot_env_used: mode.start_with?("heap") ? boot_env : nil, label: opts[:label],
         inside_by: probes.map { |p| p["inside_by"] || {} }.reduce({}) { |a, b| a.merge(b) { |_, x, y| x + y } },
         oob_window: probes.map { |p| p["oob_window"] }.compact.reduce(nil) do |a, b|
           a ? a.merge(b) { |_, x, y| x + y } : b
