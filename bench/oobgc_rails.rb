@@ -96,14 +96,14 @@ module OobgcRails
     path
   end
 
-  def start(server, mode, dir, boot_env, patch = nil)
+  def start(server, mode, dir, boot_env, patch = nil, skip: SKIP)
     port = Memkit::Loopback.free_port
     log = File.join(dir, "#{server}.log")
     env = { "BUNDLE_GEMFILE" => GEMFILE, "BENCH_RAILS_DB" => DB, "COW_MEMKIT" => "plain",
             "COW_PORT" => port.to_s, "COW_WORKERS" => WORKERS.to_s, "RUBYOPT" => nil, "BUNDLE_BIN_PATH" => nil,
             # Bundler 4 (Ruby 3.4's) names the outer bundle's lock too.
             "BUNDLE_LOCKFILE" => nil, "BUNDLER_SETUP" => nil,
-            "OOBGC" => mode == "memkit" ? "1" : nil, "OOBGC_DIR" => dir, "OOBGC_SKIP" => SKIP.to_s,
+            "OOBGC" => mode == "memkit" ? "1" : nil, "OOBGC_DIR" => dir, "OOBGC_SKIP" => skip.to_s,
             "OOBGC_PATCH" => mode == "memkit" && patch ? File.expand_path(patch) : nil }
     env.merge!(boot_env.transform_values(&:to_s)) if mode.start_with?("heap")
     # A rackup file on Puma's command line overrides the one in puma.rb.
@@ -175,7 +175,7 @@ module OobgcRails
   def cell(server, mode, load, opts, boot_env: {}, pace: 0)
     Dir.mktmpdir("memkit-oobgc-rails") do |dir|
       script = lua(dir)
-      pid, port = start(server, mode, dir, boot_env, opts[:patch])
+      pid, port = start(server, mode, dir, boot_env, opts[:patch], skip: opts[:skip])
       begin
         # Rails requests take 5-30 ms: this many seconds of saturated load
         # gives each worker well over SKIP requests.
@@ -225,11 +225,14 @@ module OobgcRails
 
   def main(argv)
     opts = { servers: %w[unicorn puma], duration: 20, warmup: 8, connections: 4, paced: false, out: nil,
-             modes: %w[memkit none heap], patch: nil, label: nil, boot_env: nil, repeat: 1 }
+             modes: %w[memkit none heap], patch: nil, skip: SKIP, label: nil, boot_env: nil, repeat: 1 }
     OptionParser.new do |o|
       o.on("--servers LIST", Array) { |v| opts[:servers] = v }
       o.on("--duration S", Integer) { |v| opts[:duration] = v }
       o.on("--warmup S", Integer) { |v| opts[:warmup] = v }
+      o.on("--skip N", Integer, "count from each worker's N+1st request (default #{SKIP}); --warmup must reach it") do |v|
+        opts[:skip] = v
+      end
       o.on("--connections N", Integer) { |v| opts[:connections] = v }
       o.on("--paced", "also a run at ~60% of none's throughput, for p99") { opts[:paced] = true }
       o.on("--out FILE", "append each cell as a JSON line") { |v| opts[:out] = v }
@@ -253,7 +256,7 @@ module OobgcRails
 
     puts "oobgc_rails: #{RUBY_DESCRIPTION}; #{WORKERS} workers, 1 thread; wrk -c#{opts[:connections]} " \
          "-d#{opts[:duration]}s after #{opts[:warmup]}s of warm-up; " \
-         "counted from each worker's #{SKIP + 1}st request; " \
+         "counted from each worker's request #{opts[:skip] + 1}; " \
          "#{Time.now.utc.strftime('%F %T')} UTC"
     rows = []
     run = 0
