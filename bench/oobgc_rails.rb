@@ -368,7 +368,9 @@ module OobgcRails
       end
       own = list.group_by { |r| r[:run] }.values.filter_map do |run|
         mk = run.find { |r| r[:mode].start_with?("memkit") }
-        per_worker_ratio(mk, run.select { |r| r[:mode].split(":").first == "heapw" }) if mk
+        anchors = run.select { |r| r[:mode].split(":").first == "heapw" }
+        print_workers(mk, anchors) if mk
+        per_worker_ratio(mk, anchors) if mk
       end
       print_runs(key, ratios, "heap")
       print_runs(key, own, "each worker's own heap")
@@ -383,6 +385,18 @@ module OobgcRails
     median = (sorted[(sorted.size - 1) / 2] + sorted[sorted.size / 2]) / 2 # the middle pair's mean when even
     puts format("Ruby %s %-7s %-9s %s: GC/req vs %s by run %s; median %.2fx", ruby, server, load,
                 label ? "memkit:#{label}" : "memkit", anchor, ratios.map { |x| format("%.2fx", x) }.join(", "), median)
+  end
+
+  # Each memkit worker's GC runs per request against Ruby alone's at its
+  # boot_env (--anchor workers).
+  def print_workers(mk, anchors)
+    anchors.each do |anchor|
+      w = mk[:per_worker].fetch(anchor[:worker])
+      mine = w[:gc_total].fdiv([w[:requests], 1].max)
+      puts format("  run %d %s worker %d: memkit %.4f GC/req, Ruby alone at its heap %.4f (%.2fx); %s", mk[:run],
+                  mk[:server], anchor[:worker], mine, per_request(anchor), mine / per_request(anchor),
+                  w[:boot_env].values.join("/"))
+    end
   end
 
   # memkit's GC runs over those Ruby alone runs at each worker's own heap
