@@ -230,7 +230,7 @@ module OobgcRails
       o.on("--servers LIST", Array) { |v| opts[:servers] = v }
       o.on("--duration S", Integer) { |v| opts[:duration] = v }
       o.on("--warmup S", Integer) { |v| opts[:warmup] = v }
-      o.on("--skip N", Integer, "count from each worker's N+1st request (default #{SKIP}); --warmup must reach it") do |v|
+      o.on("--skip N", Integer, "count from each worker's request N+1 (default #{SKIP}; --warmup must reach it)") do |v|
         opts[:skip] = v
       end
       o.on("--connections N", Integer) { |v| opts[:connections] = v }
@@ -337,7 +337,8 @@ module OobgcRails
                          heap[:boot_env_used]&.map { |k, v| "#{k}=#{v}" }&.join(" ") || "memkit's heap size")
           line << format(", p99 %.2fx heap", mk[:p99].to_f / heap[:p99].to_f)
         end
-        if (ratio = per_worker_ratio(mk, list.select { |r| r[:mode].split(":").first == "heapw" && r[:run] == mk[:run] }))
+        anchors = list.select { |r| r[:mode].split(":").first == "heapw" && r[:run] == mk[:run] }
+        if (ratio = per_worker_ratio(mk, anchors))
           line << format("; GC/req %.2fx Ruby alone at each worker's own heap", ratio)
         end
         if (none = by["none:#{label}"] || by["none"])
