@@ -337,7 +337,7 @@ module OobgcRails
                          heap[:boot_env_used]&.map { |k, v| "#{k}=#{v}" }&.join(" ") || "memkit's heap size")
           line << format(", p99 %.2fx heap", mk[:p99].to_f / heap[:p99].to_f)
         end
-        anchors = list.select { |r| r[:mode].split(":").first == "heapw" && r[:run] == mk[:run] }
+        anchors = list.select { |r| mode?(r, "heapw") && r[:run] == mk[:run] }
         if (ratio = per_worker_ratio(mk, anchors))
           line << format("; GC/req %.2fx Ruby alone at each worker's own heap", ratio)
         end
@@ -364,14 +364,14 @@ module OobgcRails
     rows.select { |r| r[:run] }.group_by { |r| [r[:ruby], r[:server], r[:load], r[:label]] }.each do |key, list|
       ratios = list.group_by { |r| r[:run] }.values.filter_map do |run|
         mk = run.find { |r| r[:mode].start_with?("memkit") }
-        heap = run.find { |r| r[:mode].split(":").first == "heap" }
+        heap = run.find { |r| mode?(r, "heap") }
         per_request(mk) / per_request(heap) if mk && heap && per_request(heap).positive?
       end
       own = list.group_by { |r| r[:run] }.values.filter_map do |run|
-        mk = run.find { |r| r[:mode].start_with?("memkit") }
-        anchors = run.select { |r| r[:mode].split(":").first == "heapw" }
-        print_workers(mk, anchors) if mk
-        per_worker_ratio(mk, anchors) if mk
+        mk = run.find { |r| r[:mode].start_with?("memkit") } or next
+        anchors = run.select { |r| mode?(r, "heapw") }
+        print_workers(mk, anchors)
+        per_worker_ratio(mk, anchors)
       end
       print_runs(key, ratios, "heap")
       print_runs(key, own, "each worker's own heap")
@@ -411,6 +411,9 @@ module OobgcRails
     expected = pairs.sum { |w, rate| w[:requests] * rate }
     pairs.sum { |w, _| w[:gc_total] } / expected if expected.positive?
   end
+
+  # Whether row `r` is of `mode`, with or without a --label.
+  def mode?(r, mode) = r[:mode].split(":").first == mode
 
   def mb(kb) = kb ? format("%.1f", kb / 1024.0) : "-"
 
