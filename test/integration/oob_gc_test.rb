@@ -144,6 +144,34 @@ class OobGCTest < Minitest::Test
                     "hook: #{hook}; Ruby alone: #{alone}; #{stats.to_h}"
   end
 
+  # A request that mallocs megabytes but allocates few objects sweeps few
+  # pages: the lazy sweep of a GC between requests held its garbage's
+  # malloc'd memory for up to 8 requests here (11 on the "malloc" bench
+  # shape). It is finished once the requests since the GC have malloc'd
+  # Ruby's malloc limit: here after 4 (8 MB each, 32 MB).
+  def test_a_sweep_that_holds_malloced_memory_ends_once_a_malloc_limit_is_malloced
+    in_fresh_process do
+      app = lambda do |_env|
+        rows = Array.new(300) { |i| { "id" => i, "name" => "row #{i}", "tags" => %w[a b c].map { |t| t + i.to_s } } }
+        [200, { "content-type" => "text/plain" }, [("x" * (8 << 20)).bytesize.to_s, JSON.generate(rows).bytesize.to_s]]
+      end
+      oob = Memkit::OobGC.new(app)
+      serve(oob, 150, hook: :after_reply)
+      count = GC.count
+      since = 0
+      sweeping = []
+      serve(oob, 200, hook: :after_reply) do
+        since = GC.count == count ? since + 1 : 0
+        count = GC.count
+        sweeping << since if GC.latest_gc_info(:state) == :sweeping
+      end
+      assert_operator Memkit::OobGC.stats.outside_ratio, :>=, 0.9, Memkit::OobGC.stats.to_h
+      requests = GC.stat(:malloc_increase_bytes_limit).fdiv(8 << 20).ceil
+      assert_operator sweeping.max.to_i, :<, requests,
+                      "requests since the last GC, at each end of a request mid-sweep: #{sweeping}"
+    end
+  end
+
   # Once the worker is warm (regrow_after requests), the pad glibc keeps at
   # the top of its arenas covers what a GC between requests frees; before,
   # glibc's thresholds are left to adapt.

@@ -145,6 +145,7 @@ module Memkit
         @seen = 0 # units of work finished
         @cycle = [nil, 0] # GC.count, and @seen when it was last seen to change
         @grown_at = nil # @seen when the heap was last grown
+        @swept = nil # GC.count whose sweep #finish_long_sweep last looked at
         @full_mark_off = nil # pid where GC.config(rgengc_allow_full_mark: false) was set
         @no_full_mark = @policy.is_a?(Policy::NoFullMark)
         @dry = DryGrowth.new(policy: @policy, growth: @growth) if @no_full_mark
@@ -175,6 +176,7 @@ module Memkit
           now = Collector.allocated
           malloc = GC.stat(:malloc_increase_bytes)
           learn(token, count, now, malloc)
+          malloc = GC.stat(:malloc_increase_bytes) if finish_long_sweep(count)
           @last = [count, now, malloc]
           @cycle = [GC.count, @seen] if @dry&.spent
           next if quiet?(count, now, malloc)
@@ -305,6 +307,31 @@ module Memkit
         @profile.record_since(now, before, count == started ? (grown.negative? ? 0 : grown) : nil)
         @seen += 1
         @cycle = [count, @seen] if count != @cycle[0]
+      end
+
+      # A GC run between units leaves its sweep to the next units, which
+      # sweep as they allocate, so that the pause between them stays short
+      # (Policy#sweep_lazily?). A unit that allocates few objects sweeps few
+      # pages, and until a page is swept its garbage holds the malloc'd
+      # memory it points at; the frees the sweep makes meanwhile lower
+      # Ruby's malloc counter, so no GC comes due for malloc either. On the
+      # "malloc" bench shape (8 MB malloc'd and 3,600 objects a request,
+      # Ruby 3.4), in a heap OobGC had grown, one sweep ran through 11
+      # requests and over 100 MB, where Ruby alone's, its heap smaller, ran
+      # through 6. Ruby alone collects once a malloc limit's worth has been
+      # malloc'd since its last GC and not freed; so once the units since the
+      # GC have malloc'd a limit's worth (at the learned percentile), a sweep
+      # still under way is finished between units (docs/BENCHMARKS.md,
+      # "A sweep that holds malloc'd memory"). Returns whether one was.
+      def finish_long_sweep(count)
+        return false if @swept == count || @profile.empty? || !@profile.malloc.positive?
+        return false if (@seen - @cycle[1]) * @profile.malloc < GC.stat(:malloc_increase_bytes_limit)
+
+        @swept = count
+        return false unless GC.latest_gc_info(:state) == :sweeping
+
+        GCRest.finish
+        true
       end
 
       # The common case, answered without a reading: after a reading in which
