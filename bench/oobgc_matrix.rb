@@ -126,9 +126,12 @@ module OobgcMatrix
     Dir.mktmpdir("memkit-oobgc-matrix") do |dir|
       extra = mode == "memkit_plugin" ? "plugin :memkit" : ""
       warm_seconds = nil
-      out = serve(kind, shape, app_source(mode, dir), dir, opts, close, extra: extra) do |url, warmed|
+      tree_pss = nil
+      out = serve(kind, shape, app_source(mode, dir), dir, opts, close, extra: extra) do |url, warmed, pid|
         warm_seconds = warmed
-        wrk(url, opts[:duration], opts, pace, close, File.join(dir, "latency.txt"))
+        result = wrk(url, opts[:duration], opts, pace, close, File.join(dir, "latency.txt"))
+        tree_pss = Memkit::Tree.read(pid).total_pss
+        result
       end
       probes = OobgcMatrix.probes(dir)
       warn "#{kind} #{shape} #{mode}: #{probes.size} of 2 workers wrote figures (none from a worker that served no request after the reset)" if probes.size < 2
@@ -142,7 +145,7 @@ module OobgcMatrix
         rss_kb: probes.sum { |p| p["rss_kb"] }.fdiv([probes.size, 1].max),
         grown: oob.sum { |o| o["heap_grown_bytes"].to_i }.fdiv([oob.size, 1].max),
         gave_up: oob.map { |o| o["gave_up"] }.compact.first, boot_env: oob.map { |o| o["boot_env"] }.compact.first,
-        cold: 2 - Dir[File.join(dir, "warm-*")].size, warm_s: warm_seconds
+        cold: 2 - Dir[File.join(dir, "warm-*")].size, warm_s: warm_seconds, tree_pss: tree_pss
       )
     end
   end
@@ -161,7 +164,7 @@ module OobgcMatrix
       warmed = warm(url, dir, opts, close)
       FileUtils.touch(File.join(dir, "reset"))
       sleep 0.3 # the probe zeroes at its first request once 0.2 s have passed since its last check
-      yield url, warmed
+      yield url, warmed, srv.pid
     ensure
       Memkit::ServersHelper.stop_server(srv)
     end
@@ -243,6 +246,8 @@ module OobgcMatrix
     { n: list.size, rps: median(list.map { |r| r[:rps] }), p50: median(list.map { |r| r[:p50] }),
       p99: median(list.map { |r| r[:p99] }), p99s: list.map { |r| r[:p99] },
       rss_kb: median(list.map { |r| r[:rss_kb] }), grown: median(list.map { |r| r[:grown] }),
+      # Rows recorded before the matrix read the tree have no tree_pss.
+      tree_pss: (median(list.map { |r| r[:tree_pss] }) if list.all? { |r| r[:tree_pss] }),
       gc_total: sum.(:gc_total), gc_inside: sum.(:gc_inside), gc_inside_major: sum.(:gc_inside_major),
       gc_major: sum.(:gc_major), requests_counted: sum.(:requests_counted), cold: sum.(:cold),
       errors: sum.(:errors), gc_ms: fsum.(:gc_ms), cpu_ms: fsum.(:cpu_ms),
@@ -259,11 +264,12 @@ module OobgcMatrix
       puts "== Ruby #{ruby}, #{server} (rev #{revs})"
       cells = list.group_by { |r| [r[:shape], r[:mode], r[:load]] }.transform_values { |l| pool(l) }
       header = %w[shape mode load n req/s p50_ms p99_ms gc_runs majors inside inside_major outside% rss_MB/worker
-                  grown_MB cold]
+                  tree_pss_MB grown_MB cold]
       table = cells.map do |(shape, mode, load), r|
         [shape, mode, load, r[:n], format("%.1f", r[:rps]), format("%.1f", r[:p50].to_f), format("%.1f", r[:p99].to_f),
          r[:gc_total], r[:gc_major], r[:gc_inside], r[:gc_inside_major], pct(r), format("%.1f", r[:rss_kb] / 1024.0),
-         format("%.1f", r[:grown].to_f / 1048576.0), r[:cold]]
+         r[:tree_pss] ? format("%.1f", r[:tree_pss] / 1048576.0) : "-", format("%.1f", r[:grown].to_f / 1048576.0),
+         r[:cold]]
       end
       puts Memkit::CLI.table(header, table, left: [0, 1, 2])
       puts
@@ -290,19 +296,23 @@ module OobgcMatrix
                     rps_x: sat[:rps] / get.("none", "saturated")[:rps],
                     p99_x: paced[:p99].to_f / get.("none", "paced")[:p99].to_f,
                     rss_x: paced[:rss_kb].fdiv(get.("none", "paced")[:rss_kb]),
+                    pss_x: (paced[:tree_pss].fdiv(get.("none", "paced")[:tree_pss]) if paced[:tree_pss] &&
+                                                                                          get.("none", "paced")[:tree_pss]),
                     gc_x: per_req.(mode) / [per_req.("none"), 1e-9].max,
                     gc_ms_x: ratio.(:gc_ms), cpu_x: ratio.(:cpu_ms) }
         verdicts << verdict
         [shape, mode, *verdict[:out], verdict[:majors_inside], format("%.2f", verdict[:rps_x]),
-         format("%.2f", verdict[:p99_x]), format("%.2f", verdict[:rss_x]), format("%.2f", verdict[:gc_x]),
+         format("%.2f", verdict[:p99_x]), format("%.2f", verdict[:rss_x]),
+         verdict[:pss_x] ? format("%.2f", verdict[:pss_x]) : "-", format("%.2f", verdict[:gc_x]),
          *verdict.values_at(:gc_ms_x, :cpu_x).map { |x| x ? format("%.2f", x) : "-" },
          paced[:gave_up] || sat[:gave_up] || "-"]
       end
       puts "#{server}, Ruby #{ruby}: memkit mode vs none: % of GC runs outside requests (paced, saturated), " \
            "majors inside requests, throughput at saturation (median), p99 at ~60% load (median), " \
-           "RSS per worker (paced, median), GC runs, GC time and CPU time per request:"
-      puts Memkit::CLI.table(%w[shape mode out%_paced out%_sat majors_inside rps_x p99_x rss_x gc/req_x gc_ms/req_x
-                                cpu/req_x gave_up], summary, left: [0, 1, 11])
+           "RSS per worker and the server tree's PSS after the load (paced, median), GC runs, GC time and " \
+           "CPU time per request:"
+      puts Memkit::CLI.table(%w[shape mode out%_paced out%_sat majors_inside rps_x p99_x rss_x tree_pss_x gc/req_x
+                                gc_ms/req_x cpu/req_x gave_up], summary, left: [0, 1, 12])
       puts
     end
     lines(verdicts)
