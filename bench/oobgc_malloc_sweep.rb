@@ -7,12 +7,10 @@
 # Counted from the 101st request. What a lazy sweep holds shows here: until
 # a page is swept, its garbage keeps the malloc'd memory it points at.
 #   script/ruby34 bundle exec ruby -Ilib bench/oobgc_malloc_sweep.rb [requests]
-require "json"
-require "rbconfig"
+require_relative "oobgc_shapes" # SHAPES
 
-def child(mode, requests)
-  ENV["OOBGC_ROWS"] = "300"
-  ENV["OOBGC_MALLOC_KB"] = "8192"
+def sweep_child(mode, requests)
+  SHAPES.fetch("malloc").each { |k, v| ENV[k] = v }
   require "memkit"
   require "memkit/oob_gc"
   require_relative "oobgc_app"
@@ -37,14 +35,14 @@ def child(mode, requests)
     count = GC.count
   end
   elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
-  page = GC::INTERNAL_CONSTANTS.fetch(:HEAP_PAGE_SIZE) { 65_536 }
+  page = GC::INTERNAL_CONSTANTS.fetch(:HEAP_PAGE_SIZE)
   puts JSON.generate(gc: gcs, rss_mean: rss.sum / rss.size, rss_max: rss.max,
                      heap: GC.stat(:heap_eden_pages) * page, pad: mode == "memkit" ? Memkit::OobGC.stats.malloc_pad : 0,
                      ms: 1000 * elapsed / requests)
 end
 
 if ARGV[0] == "--child"
-  child(ARGV[1], Integer(ARGV[2]))
+  sweep_child(ARGV[1], Integer(ARGV[2]))
   exit
 end
 
