@@ -541,6 +541,52 @@ class OobGCTest < Minitest::Test
     assert_operator stats.outside_ratio, :>=, 0.9, stats.to_h
   end
 
+  # A growth by running a pool dry fills the pools with objects dropped at
+  # once, so that they take the pages Ruby allowed. At the next GC those
+  # fillers are garbage: mid-sweep, the policy must not count them as live,
+  # or the pool filled looks short again and is grown again (on the "cache"
+  # bench shape the 80-byte pool doubled, half of it free after each GC).
+  def test_the_fillers_of_a_growth_count_as_garbage_at_the_next_gc
+    unless GC.respond_to?(:config) && GC.config.key?(:rgengc_allow_full_mark)
+      skip "GC.config(rgengc_allow_full_mark:) needs Ruby 3.4+"
+    end
+
+    in_fresh_process { the_fillers_of_a_growth_count_as_garbage_at_the_next_gc }
+  end
+
+  # A heap like a booted app's, large enough to hold a request, and a cache
+  # that grows with every request, so that the heap keeps growing.
+  BOOTED = Array.new(150_000) { |i| ["k#{i}", "value #{i} " * (1 + (i % 6)), { id: i, name: "n#{i}" }] }
+
+  def the_fillers_of_a_growth_count_as_garbage_at_the_next_gc
+    cache = []
+    app = lambda do |_env|
+      rows = Array.new(1_500) { |i| { "id" => i, "name" => "row #{i}", "tags" => %w[a b c].map { |t| t + i.to_s } } }
+      cache.concat(rows.first(40).map(&:dup))
+      [200, { "content-type" => "text/plain" }, [rows.size.to_s]]
+    end
+    oob = Memkit::OobGC.new(app)
+    dried = false
+    seen = nil
+    serve(oob, 400, hook: :after_reply) do |ran|
+      next if seen || !ran
+
+      by = GC.latest_gc_info(:gc_by)
+      if dried && by == :method && GC.latest_gc_info(:state) == :sweeping
+        estimated = oob.collector.policy.free(Memkit::OobGC::Collector.reading)
+        Memkit::GCRest.finish
+        seen = [estimated, oob.collector.policy.free(Memkit::OobGC::Collector.reading)]
+      end
+      dried = by == :newobj
+    end
+    refute_nil seen, "no out-of-band GC followed a growth by running a pool dry: #{Memkit::OobGC.stats.to_h}"
+    estimated, swept = seen
+    (0..2).each do |i|
+      assert_operator estimated[i], :>=, swept[i] / 2,
+                      "pool #{i}: free slots counted mid-sweep #{estimated}, once swept #{swept}"
+    end
+  end
+
   # While another request is in flight (a Puma thread), collecting would stop
   # it: the middleware waits for an idle moment. In a fresh process, as the
   # next test, for the same reason (ruby34 lane: no GC ran once idle).
