@@ -554,11 +554,11 @@ class OobGCTest < Minitest::Test
     in_fresh_process { the_fillers_of_a_growth_count_as_garbage_at_the_next_gc }
   end
 
-  # A heap like a booted app's, large enough to hold a request, and a cache
-  # that grows with every request, so that the heap keeps growing.
-  BOOTED = Array.new(150_000) { |i| ["k#{i}", "value #{i} " * (1 + (i % 6)), { id: i, name: "n#{i}" }] }
-
+  # A heap like a booted app's, large enough to hold a request (built here,
+  # not in a constant: the other tests count GCs in a smaller heap), and a
+  # cache that grows with every request, so that the heap keeps growing.
   def the_fillers_of_a_growth_count_as_garbage_at_the_next_gc
+    booted = Array.new(150_000) { |i| ["k#{i}", "value #{i} " * (1 + (i % 6)), { id: i, name: "n#{i}" }] }
     cache = []
     app = lambda do |_env|
       rows = Array.new(1_500) { |i| { "id" => i, "name" => "row #{i}", "tags" => %w[a b c].map { |t| t + i.to_s } } }
@@ -580,6 +580,7 @@ class OobGCTest < Minitest::Test
       dried = by == :newobj
     end
     refute_nil seen, "no out-of-band GC followed a growth by running a pool dry: #{Memkit::OobGC.stats.to_h}"
+    assert_equal 150_000, booted.size
     estimated, swept = seen
     (0..2).each do |i|
       assert_operator estimated[i], :>=, swept[i] / 2,

@@ -88,8 +88,8 @@ module Memkit
         spend = [left.each_with_index.sum { |slots, i| slots * GC.stat_heap(i, :slot_size) }, budget].min
         if spend.positive?
           @pending = Pending.new(GC.count, HeapGrowth.eden_bytes + spend, left, Collector.eden_slots)
-        else
-          drop_allowance(budget)
+        elsif drop_allowance(budget)
+          @policy.collected(:minor, Collector.reading)
         end
         @dried_at = GC.count
         Counters.grew(0)
