@@ -563,7 +563,7 @@ class OobGCTest < Minitest::Test
     app = lambda do |_env|
       rows = Array.new(1_500) { |i| { "id" => i, "name" => "row #{i}", "tags" => %w[a b c].map { |t| t + i.to_s } } }
       cache.concat(rows.first(40).map(&:dup))
-      [200, { "content-type" => "text/plain" }, [rows.size.to_s]]
+      [200, { "content-type" => "text/plain" }, ["#{rows.size} of #{booted.size}"]]
     end
     oob = Memkit::OobGC.new(app)
     dried = false
@@ -580,7 +580,6 @@ class OobGCTest < Minitest::Test
       dried = by == :newobj
     end
     refute_nil seen, "no out-of-band GC followed a growth by running a pool dry: #{Memkit::OobGC.stats.to_h}"
-    assert_equal 150_000, booted.size
     estimated, swept = seen
     (0..2).each do |i|
       assert_operator estimated[i], :>=, swept[i] / 2,
