@@ -88,8 +88,8 @@ module Memkit
         spend = [left.each_with_index.sum { |slots, i| slots * GC.stat_heap(i, :slot_size) }, budget].min
         if spend.positive?
           @pending = Pending.new(GC.count, HeapGrowth.eden_bytes + spend, left, Collector.eden_slots)
-        elsif drop_allowance(budget)
-          @policy.collected(:minor, Collector.reading)
+        else
+          drop_allowance(budget)
         end
         @dried_at = GC.count
         Counters.grew(0)
@@ -111,10 +111,7 @@ module Memkit
         return false unless @pending && HeapGrowth.eden_bytes >= @pending.limit
 
         @pending = nil
-        return false unless drop_allowance(0)
-
-        @policy.collected(:minor, Collector.reading)
-        true
+        drop_allowance(0)
       end
 
       # A minor GC is due while pools #take_plan left out have not taken
@@ -231,7 +228,8 @@ module Memkit
       # heap grew 80 MB (RSS 1.4x no OobGC) where the bound was 64. Where
       # they are more than the `budget` bytes left, a minor GC that
       # allocation did not start takes them back (and frees #take_pages'
-      # fillers). A pending major does too, and runs next (Collector#run).
+      # fillers), and the policy is told of it. A pending major does too, and
+      # runs next (Collector#run). Returns whether it ran that GC.
       def drop_allowance(budget)
         allowed = GC.stat(:heap_allocatable_slots) * Policy::SizePools::BASE_SLOT_SIZE
         return unless allowed > budget
@@ -240,6 +238,7 @@ module Memkit
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         GC.start(full_mark: false, immediate_sweep: true)
         Counters.record(false, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
+        @policy.collected(:minor, Collector.reading)
         true
       end
 
