@@ -639,6 +639,43 @@ class OobGCPolicyTest < Minitest::Test
     assert_equal [50_000 - 10_000 - 1_000, nil, 10_000 - 1_000 - 1_000], margins.objects
   end
 
+  # A relearn moves the margins as a new reading would have, without one.
+  def test_remargin_is_the_margins_the_new_profile_gives_at_the_same_reading
+    learned = ->(req) { [req.objects, req.malloc] }
+    was = profile(50_000, malloc: 1 << 20)
+    [profile(48_000, malloc: 1 << 20), profile(52_000, malloc: 1 << 20)].each do |now|
+      policy = Policy::OneHeap.new(page_slots: PAGE, malloc_limit_max: 32 << 20)
+      reading = one_heap(free: 200_000, malloc: 4 << 20, malloc_limit: 24 << 20)
+      moved = policy.remargin(policy.margins(reading, was), learned[was], learned[now])
+      assert_equal policy.margins(reading, now).objects, moved.objects
+      assert_equal policy.margins(reading, now).malloc, moved.malloc
+    end
+
+    reading = pooled([[100_000, 50_000], [50_000, 40_000], [20_000, 10_000]], shared_allocatable: 4_000)
+    [Policy::SizePools.new, Policy::NoFullMark.new].each do |policy|
+      was = profile([10_000, 0, 1_000])
+      now = profile([12_000, 0, 900])
+      moved = policy.remargin(policy.margins(reading, was), learned[was], learned[now])
+      assert_equal policy.margins(reading, now).objects, moved.objects, policy.name
+      assert_equal [40, 80, 160], moved.slot_sizes
+      # A pool that needed no room had no margin: it needs a reading.
+      assert_nil policy.remargin(policy.margins(reading, was), learned[was], learned[profile([10_000, 50, 1_000])])
+    end
+  end
+
+  # The malloc margin of a quiet stretch never rises with a relearn:
+  # NoFullMark's is also bounded by oldmalloc, which the profile does not move.
+  def test_remargin_never_raises_the_malloc_margin
+    policy = Policy::NoFullMark.new
+    reading = pooled([[100_000, 50_000]], malloc_increase_bytes_limit: 30 << 20,
+                                          oldmalloc_increase_bytes: 15 << 20, oldmalloc_increase_bytes_limit: 16 << 20)
+    was = profile([1_000], malloc: 2 << 20)
+    margins = policy.margins(reading, was)
+    assert_equal 1 << 20, margins.malloc, "oldmalloc's room"
+    assert_equal 1 << 20, policy.remargin(margins, [was.objects, 2 << 20], [was.objects, 1 << 20]).malloc
+    assert_operator policy.remargin(margins, [was.objects, 2 << 20], [was.objects, 3 << 20]).malloc, :<, 1 << 20
+  end
+
   # Ruby 3.4: the pools share one count of allocatable slots, which #free
   # counts in each; pages the main pool takes from it are room a small
   # pool loses, though that pool allocated nothing.

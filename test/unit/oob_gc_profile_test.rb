@@ -83,6 +83,20 @@ class OobGCProfileTest < Minitest::Test
     refute_equal version, profile.version
   end
 
+  # The recent requests are read across the ring's end: 54 recorded in a
+  # window of 40 (16 forgotten as the first) leave the next at its 38th
+  # entry, so the three heavy ones straddle the end.
+  def test_a_shift_up_across_the_end_of_the_window
+    profile = Profile.new(window: 40)
+    54.times { profile.record([2_000, 5], 100) }
+    2.times { profile.record([2_000, 206], 100) }
+    assert_equal [2_000, 5], profile.objects
+    profile.record([2_000, 206], 100)
+    assert_equal [2_000, 206], profile.objects
+    3.times { profile.record([2_000, 5], 5_000) }
+    assert_equal 5_000, profile.malloc
+  end
+
   def test_forgets_requests_older_than_the_window
     profile = Profile.new(window: 10)
     10.times { profile.record([100_000], 0) }

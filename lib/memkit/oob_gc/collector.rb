@@ -46,7 +46,8 @@ module Memkit
       # policy's margins, the profile's version, and whether the GC due next
       # would be a minor with oldmalloc still `oldmalloc_room` bytes short of
       # its limit.
-      Quiet = Struct.new(:count, :base, :total, :malloc, :margins, :version, :minor, :oldmalloc_room)
+      # learned: the profile's [objects, malloc] the margins were taken with.
+      Quiet = Struct.new(:count, :base, :total, :malloc, :margins, :version, :learned, :minor, :oldmalloc_room)
 
       # Whether GC.latest_gc_info says when Ruby has asked for a major (3.3+).
       NEED_MAJOR = GC.latest_gc_info.key?(:need_major_by)
@@ -342,7 +343,7 @@ module Memkit
       # every request cost 6-17 us a request.
       def quiet?(count, now, malloc)
         q = @quiet or return false
-        return false unless count == q.count && @profile.version == q.version
+        return false unless count == q.count && (q = relearned(q))
         # Ruby may ask for a major at the end of a lazy sweep, with no GC run.
         return false if NEED_MAJOR && GC.latest_gc_info(:need_major_by)
 
@@ -355,7 +356,7 @@ module Memkit
       def quiet_so_far?
         q = @quiet or return false
         count = GC.count
-        return false unless count == q.count && @profile.version == q.version
+        return false unless count == q.count && (q = relearned(q))
         return false if NEED_MAJOR && GC.latest_gc_info(:need_major_by)
 
         malloc = GC.stat(:malloc_increase_bytes)
@@ -378,6 +379,20 @@ module Memkit
         GC.stat(:malloc_increase_bytes) - q.malloc <= q.oldmalloc_room
       end
 
+      # The quiet stretch `q`, its margins moved to what the profile has
+      # learned since (Policy#remargin), or nil where they cannot be.
+      def relearned(q)
+        return q if @profile.version == q.version
+
+        learned = [@profile.objects, @profile.malloc]
+        margins = @policy.remargin(q.margins, q.learned, learned, headroom: @hook_headroom)
+        @quiet = margins && q.dup.tap do |moved|
+          moved.margins = margins
+          moved.version = @profile.version
+          moved.learned = learned
+        end
+      end
+
       # Remembers, from a reading with nothing due, how far the quiet
       # stretch goes.
       def quiet(reading)
@@ -392,7 +407,7 @@ module Memkit
                end
         @quiet = Quiet.new(stat.fetch(:count), base, stat.fetch(:total_allocated_objects),
                            stat.fetch(:malloc_increase_bytes), margins, @profile.version,
-                           @policy.kind(reading) == :minor,
+                           [@profile.objects, @profile.malloc], @policy.kind(reading) == :minor,
                            stat.fetch(:oldmalloc_increase_bytes_limit) - stat.fetch(:oldmalloc_increase_bytes))
       end
 

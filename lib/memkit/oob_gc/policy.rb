@@ -148,6 +148,31 @@ module Memkit
         Margins.new(pools, malloc_margin(reading, profile.malloc, headroom), slot_sizes: shared_slot_sizes(reading))
       end
 
+      # #margins as they would have been at the same reading had the profile
+      # learned `to` in place of `from` (each [objects per pool, malloc'd
+      # bytes]): a relearn moves the reserves, not the heap, so the margins
+      # move by the difference. The quiet stretch then outlasts the relearn
+      # that a high percentile makes every quarter window, most of them by a
+      # few objects. nil where a pool `from` did not bound now needs room:
+      # its free slots are not in the margins. The malloc margin only ever
+      # falls: it may be a bound that does not move with the profile
+      # (NoFullMark's oldmalloc room).
+      def remargin(margins, from, to, headroom: @headroom)
+        was = from.fetch(0)
+        now = to.fetch(0)
+        return if was.empty?
+
+        objects = margins.objects.each_with_index.map do |margin, i|
+          need = now.fetch(i, 0)
+          next unless need.positive?
+          return unless margin
+
+          margin + reserve(was.fetch(i, 0), headroom).ceil - reserve(need, headroom).ceil
+        end
+        malloc = margins.malloc && (margins.malloc + [(from.fetch(1) * headroom).ceil - (to.fetch(1) * headroom).ceil, 0].min)
+        Margins.new(objects, malloc, slot_sizes: margins.slot_sizes)
+      end
+
       # What #margins answers: how much may be allocated, objects per pool
       # and malloc'd bytes (nil: no bound), before #decide can answer
       # anything but nil.

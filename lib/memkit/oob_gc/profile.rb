@@ -68,6 +68,8 @@ module Memkit
         @at = 0 # where the next request goes in the ring
         @malloc = []
         @learned = [[].freeze, 0].freeze
+        @limits = [].freeze # per pool, objects past which a request is part of a shift (#shifted)
+        @malloc_limit = RECENT
         @picked = [[], 0] # the window's percentiles at the last relearn
         @version = 0
         @stale = 0 # records since the percentiles were taken
@@ -86,15 +88,20 @@ module Memkit
         at = @at
         @size += 1 if @size < @window
         @at = at + 1 == @window ? 0 : at + 1
+        limits = @limits
+        shifted = false
         i = 0
         while i < now.size
-          (@columns[i] ||= Array.new(@size, 0))[at] = before ? now[i] - before[i] : now[i]
+          objects = before ? now[i] - before[i] : now[i]
+          (@columns[i] ||= Array.new(@size, 0))[at] = objects
+          shifted = true if objects > limits.fetch(i, RECENT)
           i += 1
         end
         (now.size...@columns.size).each { |j| @columns[j][at] = 0 } if now.size < @columns.size
         if malloc
           @malloc << malloc
           @malloc.shift if @malloc.size > @window
+          shifted = true if malloc > @malloc_limit
         end
         @stale += 1
         if @recorded < SETTLED
@@ -104,7 +111,7 @@ module Memkit
         end
         if @size <= REFRESH || (@stale >= REFRESH && @stale >= @size / 4)
           relearn
-        elsif above?(at, malloc)
+        elsif shifted
           learn
         end
         self
@@ -158,34 +165,23 @@ module Memkit
         return if learned == @learned
 
         @learned = learned
+        # A request past these is part of a shift (#shift?): checked as each
+        # is recorded, so taking the figures again (which allocates) stays
+        # off most requests.
+        @limits = learned[0].map { |objects| limit(objects) }.freeze
+        @malloc_limit = limit(learned[1])
         @version += 1
       end
 
-      # Whether the request just recorded (at ring index `at`) allocated in
-      # some pool, or malloc'd, enough more than the learned figure to be
-      # part of a shift (#shifted). Rare, so taking the figures again (which
-      # allocates) stays off most requests.
-      def above?(at, malloc)
-        objects = @learned.fetch(0)
-        return true if malloc && shift?(@learned.fetch(1), malloc)
-
-        i = 0
-        while i < @columns.size
-          return true if shift?(objects.fetch(i, 0), @columns[i][at])
-
-          i += 1
-        end
-        false
-      end
-
       def shifted(percentile, recent) = shift?(percentile, recent) ? recent : percentile
-      def shift?(percentile, value) = value > (2 * percentile) + RECENT
+      def shift?(percentile, value) = value > limit(percentile)
+      def limit(percentile) = (2 * percentile) + RECENT
 
       # The RANK-th largest of the last RECENT entries of a ring column.
       def recent(column)
         n = [RECENT, @size].min
-        last = Array.new(n) { |k| column[(@at - 1 - k) % @size] }
-        ranked(last)
+        from = @at - n
+        ranked(from.negative? ? column.last(-from) + column.first(@at) : column[from, n])
       end
 
       def ranked(values)
