@@ -449,35 +449,6 @@ class OobGCTest < Minitest::Test
     assert_equal 200_000, keep.size
   end
 
-  # Past what the next requests need, the heap grows at a GC that is due
-  # anyway: the fill adds the pages and runs no GC, and the GC frees the
-  # fillers and keeps the pages.
-  def test_a_fill_adds_the_pages_with_no_gc_for_the_next_one_to_free
-    skip "Ruby 3.4 grows by running a pool dry (DryGrowth)" unless Memkit::OobGC::HeapGrowth::MINOR_GROWS
-    in_fresh_process { a_fill_adds_the_pages_with_no_gc_for_the_next_one_to_free }
-  end
-
-  def a_fill_adds_the_pages_with_no_gc_for_the_next_one_to_free
-    keep = Array.new(200_000) { |i| [i] }
-    GC.start
-    policy = Memkit::OobGC::Policy.detect.new
-    growth = Memkit::OobGC::HeapGrowth.new(max_bytes: 64 << 20)
-    slots = growth.plan([100_000])
-    free = -> { policy.free(Memkit::OobGC::Collector.reading)[0] }
-    before = free.call
-    count = GC.count
-    growth.fill(slots, policy)
-    assert_equal count, GC.count, "the fill runs no GC"
-    GC.start(full_mark: false)
-    # Free slots count the pages Ruby may add without collecting; besides
-    # the fillers, the GC frees what the readings allocated.
-    gained = free.call - before
-    page = GC::INTERNAL_CONSTANTS.fetch(:HEAP_PAGE_OBJ_LIMIT, 409)
-    assert_operator gained, :>=, 100_000
-    assert_operator gained, :<=, 100_000 + (2 * page) + 1_000
-    assert_equal 200_000, keep.size
-  end
-
   # Without room to grow, OobGC may not keep that request's GC out: if it
   # finds so once its profile has settled, it says so once in the log and in
   # stats (where Ruby has grown the heap for the request by then, there is
