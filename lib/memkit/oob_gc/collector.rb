@@ -148,7 +148,6 @@ module Memkit
         @seen = 0 # units of work finished
         @cycle = [nil, 0] # GC.count, and @seen when it was last seen to change
         @grown_at = nil # @seen when the heap was last grown
-        @planned = nil # slots per pool to add at the next GC due (#grow, #collect)
         @swept = nil # GC.count whose sweep #finish_long_sweep last looked at
         @full_mark_off = nil # pid where GC.config(rgengc_allow_full_mark: false) was set
         @no_full_mark = @policy.is_a?(Policy::NoFullMark)
@@ -447,12 +446,6 @@ module Memkit
       def collect(kind, reading, lazy, headroom)
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         reading = finish_sweep(reading)
-        if (planned = @planned)
-          @planned = nil
-          grow_from = HeapGrowth.page_bytes
-          @growth.fill(planned, @policy)
-          reading = self.class.reading
-        end
         @policy.collecting(reading, kind)
         majors = GC.stat(:major_gc_count)
         ran = kind == :minor && @dry&.run_due_minor(reading)
@@ -465,15 +458,6 @@ module Memkit
         Counters.record(kind == :major, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
         @policy.collected(kind, self.class.reading)
         @dry&.take_dried
-        grown(HeapGrowth.page_bytes - grow_from) if grow_from
-      end
-
-      # After the GC that freed a planned growth's fillers (#collect).
-      def grown(bytes)
-        bytes = [bytes, 0].max
-        @growth.record(bytes)
-        Counters.grew(bytes)
-        @regrow_wait = bytes.zero? ? @regrow_wait * 2 : @regrow_after
       end
 
       # Ruby finishes the last GC's lazy sweep before it starts the next, and
@@ -541,29 +525,24 @@ module Memkit
            (@grown_at.nil? || @seen - @grown_at >= @regrow_wait)
           @grown_at = @seen
           # A heap that cannot hold the next `cover` requests grows as far as
-          # it must at once, past the budget if need be. Beyond that, it grows
-          # at the next GC due (#collect), by half of what is left of the
-          # budget at a time, `regrow_after` requests apart, so that the RSS a
-          # growth costs is measured (RssBudget) before the rest is spent: a
-          # page byte has cost 1.3-2 bytes of RSS on the bench shapes and 3
-          # on the Rails app (Ruby 3.1), where the first growth is charged 1.
+          # it must at once, past the budget if need be; beyond that, by half
+          # of what is left of the budget at a time, `regrow_after` requests
+          # apart, so that the RSS a growth costs is measured (RssBudget)
+          # before the rest is spent: a page byte has cost 1.3-2 bytes of RSS
+          # on the bench shapes and 3 on the Rails app (Ruby 3.1), where the
+          # first growth is charged 1.
           need = @policy.shortfall(reading, @profile, cover: @cover)
           starving = need.any?(&:positive?)
-          unless starving
-            @planned = @growth.plan(short, share: GROWTH_SHARE, order: driest_first(reading))
-            return
-          end
-
           added = @growth.grow(short, @policy, need: need, share: GROWTH_SHARE, order: driest_first(reading))
           if added
             Counters.grew(added)
             after = self.class.reading
             @policy.collected(@growth.last_kind, after)
-            # Ruby gives pages back at a GC that finds most of the heap free:
-            # a growth left short of more than half the slots it asked for
-            # waits twice as long before the next.
+            # Each attempt costs major GCs: one that won Ruby over less than
+            # half the slots asked for (or, one step at a time, none) waits
+            # twice as long before the next.
             still = @policy.shortfall(after, @profile, cover: @cover, want: want)
-            @refused = still.sum > short.sum / 2
+            @refused = starving ? still.sum > short.sum / 2 : added.zero?
             @regrow_wait = @refused ? @regrow_wait * 2 : @regrow_after
           end
         end

@@ -69,56 +69,34 @@ module Memkit
         nil
       end
 
-      # The slots to add per pool: `want`, within the budget, at most
-      # `share` of what is left of it per pool; `need`, whatever the budget
-      # (a heap that cannot hold the next requests gains nothing from
-      # collecting early). `order`: the pools to grow first while the budget
-      # lasts (the one that runs dry soonest decides how often GC runs). nil
-      # if there is nothing to add.
-      def plan(want, need: [], share: 1.0, order: want.each_index)
-        left = budget
-        slots = Array.new(want.size, 0)
-        order.each do |i|
-          n = [[want.fetch(i), (left * share / slot_size(i)).floor].min, need.fetch(i, 0)].max
-          next unless n.positive?
-
-          slots[i] = n
-          left -= n * slot_size(i)
-        end
-        slots if slots.any?(&:positive?)
-      end
-
-      # Grows the heap now by what #plan answers, with one minor GC of its
-      # own. Returns the bytes of object pages added, or nil if there was
-      # nothing to add (no GC run).
-      def grow(want, policy, **options)
-        slots = plan(want, **options) or return
+      # want: slots to add per pool, within the budget, at most `share` of
+      # what is left of it; need: slots each pool must gain whatever the
+      # budget (a heap that cannot hold the next requests gains nothing from
+      # collecting early); order: the pools to grow first while the budget
+      # lasts (the one that runs dry soonest decides how often GC runs).
+      # Returns the bytes of object pages added, or nil if there was nothing
+      # to add (no GC run).
+      def grow(want, policy, need: [], share: 1.0, order: want.each_index)
+        GCRest.finish
         before = page_bytes
-        fill(slots, policy)
+        free = policy.free(Collector.reading)
+        ran = false
+        order.each do |i|
+          left = budget - [page_bytes - before, 0].max
+          slots = [want.fetch(i), (left * share / slot_size(i)).floor].min
+          slots = [slots, need.fetch(i, 0)].max
+          next unless slots.positive?
+
+          allocate(i, free.fetch(i) + slots)
+          ran = true
+        end
+        return unless ran
+
         # The fillers are young: a minor frees them.
         collect(minor: true)
         added = [page_bytes - before, 0].max
         @grown_bytes += added
         added
-      end
-
-      # Adds the pages for `slots` more per pool, full of fillers the next
-      # GC frees: with GC disabled (which first finishes a lazy sweep), the
-      # fillers take every free slot of the pool, then each page they need is
-      # added to it (see above). Run right before a GC that is due anyway,
-      # the growth costs no GC of its own and fills only the few slots a due
-      # GC finds free. Nothing else may allocate here (a GC.stat Hash per
-      # object would land in another pool).
-      def fill(slots, policy)
-        disabled = GC.disable
-        begin
-          free = policy.free(Collector.reading)
-          slots.each_with_index do |n, i|
-            allocate(i, free.fetch(i) + n) if n.positive?
-          end
-        ensure
-          GC.enable unless disabled
-        end
       end
 
       # Bytes of the object pages the heap holds now, and of those Ruby has
@@ -158,12 +136,21 @@ module Memkit
         pools? ? GC.stat_heap(index, :slot_size) : GC::INTERNAL_CONSTANTS.fetch(:RVALUE_SIZE, 40)
       end
 
+      # `count` fillers of pool `index`, dropped as they come, with GC
+      # disabled: past the pool's free slots and the pages Ruby may add, each
+      # page they need is added to the pool (see above). Nothing else may
+      # allocate here (a GC.stat Hash per object would land in another pool).
       def allocate(index, count)
-        if pools?
-          length = self.class.filler_length(index)
-          count.times { Array.new(length) }
-        else
-          count.times { Object.new }
+        length = pools? ? self.class.filler_length(index) : nil
+        disabled = GC.disable
+        begin
+          if length
+            count.times { Array.new(length) }
+          else
+            count.times { Object.new }
+          end
+        ensure
+          GC.enable unless disabled
         end
       end
     end
