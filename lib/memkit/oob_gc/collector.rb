@@ -37,8 +37,6 @@ module Memkit
       # growth (see RssBudget), so that a sized worker stays within 1.3x the
       # RSS it would have without OobGC.
       RSS_SHARE = 0.2
-      # Of the budget left, the most one growth takes (see #grow).
-      GROWTH_SHARE = 0.5
 
       DEFAULTS = { headroom: 1.1, percentile: 0.95, window: 200, max_heap_growth: 64 << 20, regrow_after: 100,
                    full_mark: :auto, malloc_pad: true }.freeze
@@ -525,15 +523,12 @@ module Memkit
            (@grown_at.nil? || @seen - @grown_at >= @regrow_wait)
           @grown_at = @seen
           # A heap that cannot hold the next `cover` requests grows as far as
-          # it must at once, past the budget if need be; beyond that, by half
-          # of what is left of the budget at a time, `regrow_after` requests
-          # apart, so that the RSS a growth costs is measured (RssBudget)
-          # before the rest is spent: a page byte has cost 1.3-2 bytes of RSS
-          # on the bench shapes and 3 on the Rails app (Ruby 3.1), where the
-          # first growth is charged 1.
-          need = @policy.shortfall(reading, @profile, cover: @cover)
-          starving = need.any?(&:positive?)
-          added = @growth.grow(short, @policy, need: need, share: GROWTH_SHARE, order: driest_first(reading))
+          # it must at once; beyond that, one of Ruby's growth steps at a time,
+          # `regrow_after` requests apart, so that the RSS each step costs is
+          # measured (RssBudget) before the next.
+          starving = @policy.shortfall(reading, @profile, cover: @cover).any?(&:positive?)
+          added = @growth.grow(short, @policy, rounds: starving ? HeapGrowth::ROUNDS : 1, one_past: starving,
+                                              order: driest_first(reading))
           if added
             Counters.grew(added)
             after = self.class.reading

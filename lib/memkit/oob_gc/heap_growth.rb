@@ -7,30 +7,43 @@ module Memkit
     # Grows Ruby's object heap at run time, where Ruby offers knobs for its
     # size only at boot (RUBY_GC_HEAP_*INIT_SLOTS).
     #
-    # With GC disabled, an allocation that finds a pool full adds one page
-    # to it instead of collecting (heap_ready_to_gc on 3.1 and 3.3). So this
-    # allocates, under GC.disable, fillers for every free slot of the pool
-    # and for the slots wanted, drops them all, and runs one minor GC: the
-    # pool has the pages it wanted and no more, and its new pages are free.
-    # Ruby's own growth, which the collector used to provoke by filling a
-    # pool to the top and collecting, adds its growth factor's share of the
-    # whole pool at a time (1.57x measured after such a fill): on the "huge"
-    # shape on Ruby 3.1 a worker that needed 13 MB of pages grew 28-31 MB,
-    # 1.26-1.32x the RSS of no OobGC (docs/BENCHMARKS.md, "Heap growth by
-    # the page").
+    # Ruby grows a heap at the end of a GC that leaves less than 20% of it
+    # free (gc_marks_finish on 3.1; the sweep's end on 3.3+, which also wants
+    # the GC to have freed more slots than it found in empty pages). So this
+    # fills the pool nearly to the top with objects it holds, and a seventh
+    # it drops, spread among them, and runs a major GC: Ruby sees a heap about
+    # 85% live with garbage in it and grows it by its growth factor (1.8).
+    # It repeats until the pool has the slots wanted (or stops growing),
+    # then drops the fillers and collects them.
     #
-    # What Ruby does next (bench/oobgc_grow_probe.rb on 3.1, 3.3 and 3.4): a
-    # later GC that finds more than 65% of the heap free
+    # Within RVALUE_OLD_AGE (3) GCs of a major, Ruby grows a heap a minor GC
+    # leaves short instead of asking for a major (gc_marks_finish on 3.1,
+    # gc_sweep_finish_size_pool on 3.3), and fillers that have survived
+    # fewer GCs than that are still young: so the rounds there, and the GC
+    # that frees the fillers, are minors, which mark the fillers but not the
+    # old heap. On the "cache" shape (a million old objects, Ruby 3.3) a
+    # growth of majors, run mid-sweep (see #grow), held a Puma worker for
+    # 400-800 ms, and the requests queued behind it set the p99
+    # (docs/BENCHMARKS.md, "Heap growth on a finished sweep").
+    #
+    # What Ruby does next (verified with bench/oobgc_grow_probe.rb on 3.1,
+    # 3.3 and 3.4): a later GC that finds more than 65% of the heap free
     # (GC_HEAP_FREE_SLOTS_MAX_RATIO) gives empty pages back, down to that
     # share, but never below RUBY_GC_HEAP_INIT_SLOTS. So a heap grown to more
     # than ~2.9 times its live objects shrinks again; the collector grows it
     # again only after `regrow_after` requests, and boot_env tells the user
     # the INIT_SLOTS that keeps it.
-    #
-    # Ruby 3.4 grows by running a pool dry instead (DryGrowth): its pools
-    # take pages from one shared count, which a minor GC that leaves the
-    # heap mostly free takes back.
     class HeapGrowth
+      TOP = 0.99
+      # What one round adds, as a share of the pool: Ruby's heap_extend_pages
+      # grows to live / (1 - goal ratio 0.4), capped at the growth factor;
+      # measured after the fill, 1.57x on 3.1 and 3.3 (a million-object heap).
+      # Checked against a smaller step (0.45), the bound let a 3.1 Puma
+      # worker of the "large" shape grow 24 MB of pages: 1.36x the RSS of no
+      # OobGC.
+      STEP = 0.6
+      ROUNDS = 6
+      OLD_AGE = 3
       # Where the slots a growth adds are a count shared by the pools
       # (GC.stat's heap_allocatable_slots, Ruby 3.4), a minor GC that leaves
       # the heap mostly free takes them back; only majors keep them.
@@ -69,31 +82,58 @@ module Memkit
         nil
       end
 
-      # want: slots to add per pool, within the budget, at most `share` of
-      # what is left of it; need: slots each pool must gain whatever the
-      # budget (a heap that cannot hold the next requests gains nothing from
-      # collecting early); order: the pools to grow first while the budget
-      # lasts (the one that runs dry soonest decides how often GC runs).
-      # Returns the bytes of object pages added, or nil if there was nothing
-      # to add (no GC run).
-      def grow(want, policy, need: [], share: 1.0, order: want.each_index)
+      # want: slots to add per pool; rounds: at most this many of Ruby's
+      # growth steps per pool; one_past: the first step may pass the budget
+      # (a heap that cannot hold the next requests gains nothing from
+      # collecting early, so one step is worth more than the bound); order:
+      # the pools to grow first, while the budget lasts (the one that runs
+      # dry soonest decides how often GC runs). Returns the bytes of object
+      # pages added (0 if Ruby would not grow), or nil if no step fit the
+      # budget (no GC run).
+      def grow(want, policy, rounds: ROUNDS, one_past: false, order: want.each_index)
+        # Mid-sweep, the unswept garbage counts both as live and as free
+        # (Policy#free reads the mark): the fill overran the pool and
+        # started GCs of Ruby's own, a major among them.
         GCRest.finish
+        @major_at = GC.count if GC.latest_gc_info(:major_by)
         before = page_bytes
-        free = policy.free(Collector.reading)
-        ran = false
+        held = []
+        ran = 0
         order.each do |i|
-          left = budget - [page_bytes - before, 0].max
-          slots = [want.fetch(i), (left * share / slot_size(i)).floor].min
-          slots = [slots, need.fetch(i, 0)].max
+          slots = want.fetch(i)
           next unless slots.positive?
 
-          allocate(i, free.fetch(i) + slots)
-          ran = true
-        end
-        return unless ran
+          slots = [slots, budget / slot_size(i)].min
+          next unless slots.positive?
 
-        # The fillers are young: a minor frees them.
-        collect(minor: true)
+          goal = capacity(policy, i) + slots
+          rounds.times do |round|
+            now = capacity(policy, i)
+            break if now >= goal
+            # Ruby grows a pool by a step of its own (about 1.4x at the
+            # fill's live share): none that would pass the bound.
+            past = now * STEP * slot_size(i) > budget - [page_bytes - before, 0].max
+            break if past && !(one_past && round.zero? && ran.zero?)
+
+            fill(i, now, held)
+            collect(minor: @major_at && GC.count + 1 - @major_at < OLD_AGE)
+            ran += 1
+            grew = grew?(policy, i, now)
+            # 3.3 grows a pool at a minor only once its allocatable pages are
+            # spent; where the fill left some, a major grows it.
+            if !grew && last_kind == :minor
+              collect(minor: false)
+              ran += 1
+              grew = grew?(policy, i, now)
+            end
+            break unless grew
+          end
+        end
+        # No round fit the budget: nothing to drop, no major to run.
+        return if ran.zero?
+
+        held.clear
+        collect(minor: ran < OLD_AGE)
         added = [page_bytes - before, 0].max
         @grown_bytes += added
         added
@@ -124,6 +164,10 @@ module Memkit
 
       def page_bytes = self.class.page_bytes
 
+      # Ruby's smallest growth step is 1.1x; a pool's capacity moves by a
+      # few slots between readings without one (pages of unequal slots).
+      def grew?(policy, index, before) = capacity(policy, index) > before * 1.05
+
       # A minor becomes a major where Ruby has one pending.
       def collect(minor:)
         GC.start(full_mark: !(minor && MINOR_GROWS), immediate_sweep: true)
@@ -136,22 +180,42 @@ module Memkit
         pools? ? GC.stat_heap(index, :slot_size) : GC::INTERNAL_CONSTANTS.fetch(:RVALUE_SIZE, 40)
       end
 
-      # `count` fillers of pool `index`, dropped as they come, with GC
-      # disabled: past the pool's free slots and the pages Ruby may add, each
-      # page they need is added to the pool (see above). Nothing else may
-      # allocate here (a GC.stat Hash per object would land in another pool).
-      def allocate(index, count)
-        length = pools? ? self.class.filler_length(index) : nil
-        disabled = GC.disable
-        begin
-          if length
-            count.times { Array.new(length) }
-          else
-            count.times { Object.new }
-          end
-        ensure
-          GC.enable unless disabled
+      def live(index)
+        if pools?
+          h = GC.stat_heap(index)
+          h[:total_allocated_objects] - h[:total_freed_objects]
+        else
+          GC.stat(:heap_live_slots)
         end
+      end
+
+      def capacity(policy, index)
+        policy.free(Collector.reading)[index] + live(index)
+      end
+
+      # Allocates objects until the pool is TOP full, holding them but one in
+      # seven: the pool ends about 85% full of live objects, with the dead
+      # ones spread over the same pages. Ruby 3.4 grows a pool only if its
+      # sweep freed more slots than it found in wholly empty pages, so the
+      # garbage must not fill pages of its own. Nothing else may allocate
+      # here (a GC.stat Hash per object would fill another pool).
+      def fill(index, capacity, held)
+        length = pools? ? self.class.filler_length(index) : nil
+        count = (capacity * TOP).to_i - live(index)
+        return unless count.positive?
+
+        batch = []
+        count.times do |i|
+          object = filler(length)
+          batch << object unless (i % 7).zero?
+        end
+        held << batch
+        nil
+      end
+
+      # An object that lands in the pool (see .filler_length).
+      def filler(length)
+        length ? Array.new(length) : Object.new
       end
     end
   end
