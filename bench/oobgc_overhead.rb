@@ -24,6 +24,8 @@ OptionParser.new do |o|
   o.on("--processes N", Integer) { |v| opts[:processes] = v }
 end.parse!(ARGV)
 
+def median(values) = values.sort[values.size / 2]
+
 if opts[:processes] > 1
   runs = Array.new(opts[:processes]) do
     out = IO.popen([RbConfig.ruby, "-I#{File.expand_path("../lib", __dir__)}", __FILE__, "--processes", "1",
@@ -35,7 +37,7 @@ if opts[:processes] > 1
        "median of #{opts[:processes]} processes (each process's figure in brackets)"
   runs.first.each_key do |name|
     each = runs.map { |r| r.fetch(name) }
-    puts format("  %-28s %7.2f us/request  (%s)", name, each.sort[each.size / 2], each.map { |v| format("%.2f", v) }.join(" "))
+    puts format("  %-28s %7.2f us/request  (%s)", name, median(each), each.map { |v| format("%.2f", v) }.join(" "))
   end
   exit
 end
@@ -71,10 +73,10 @@ figures = cases.transform_values { [] }
 opts[:rounds].times do
   cases.each { |name, c| figures[name] << per_request(opts[:requests]) { c.call } }
 end
-median = figures.transform_values { |v| v.sort[v.size / 2] }
+medians = figures.transform_values { |v| median(v) }
 
 puts "oobgc overhead: #{RUBY_DESCRIPTION}; #{opts[:requests]} requests x #{opts[:rounds]} rounds, median"
-median.each { |name, us| puts format("  %-28s %7.2f us/request", name, us) }
-puts format("  %-28s %7.2f us/request", "OobGC adds", median["through Memkit::OobGC"] - median["bare Rack call"])
+medians.each { |name, us| puts format("  %-28s %7.2f us/request", name, us) }
+puts format("  %-28s %7.2f us/request", "OobGC adds", medians["through Memkit::OobGC"] - medians["bare Rack call"])
 stats = Memkit::OobGC.stats
 puts "  (GC runs in all: #{stats.oob_total} out of band, #{stats.inside_total} inside; policy #{stats.policy})"
