@@ -131,9 +131,9 @@ class MallocReleaseTest < Minitest::Test
     put_off = Memkit::MallocRelease.put_off
     majors = GC.stat(:major_gc_count)
     10.times do
-      # A major Ruby starts mid-churn finds the garbage still live: its trim
-      # gives back little, and a small trim ends the wait (Pacing). Seen on
-      # Ruby 3.4 as 14 majors for 10 rounds, 2 put off.
+      # With GC on, Ruby may start majors of its own mid-churn, while the
+      # garbage is live: their trims give back little, and a small trim ends
+      # the wait (Pacing), so what is put off would hang on where they fall.
       GC.disable
       garbage = Array.new(40_000) { |i| "x" * (600 + (i % 800)) }
       garbage = nil # rubocop:disable Lint/UselessAssignment -- dropped for the GC
