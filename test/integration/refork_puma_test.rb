@@ -72,8 +72,12 @@ class ReforkPumaTest < Minitest::Test
   private
 
   def assert_reforked_by_memkit(server, hook)
-    workers_before = children_of_worker0(server.pid)
-    assert_equal 2, workers_before.values.first&.size, "worker 0 forks the other two: #{workers_before}"
+    # The server answers once worker 0 is up; it forks the other two after.
+    workers_before = nil
+    wait_until(timeout: 30, message: "worker 0 to fork the other two") do
+      workers_before = children_of_worker0(server.pid)
+      workers_before.values.first&.size == 2
+    end
     worker0 = workers_before.keys.first
 
     # Fresh connections spread the requests over the workers; keep going until
