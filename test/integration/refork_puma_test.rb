@@ -73,10 +73,9 @@ class ReforkPumaTest < Minitest::Test
 
   def assert_reforked_by_memkit(server, hook)
     # The server answers once worker 0 is up; it forks the other two after.
-    workers_before = nil
-    wait_until(timeout: 30, message: "worker 0 to fork the other two") do
-      workers_before = children_of_worker0(server.pid)
-      workers_before.values.first&.size == 2
+    workers_before = wait_until(timeout: 30, message: "worker 0 to fork the other two") do
+      now = children_of_worker0(server.pid)
+      now if now.values.first&.size == 2
     end
     worker0 = workers_before.keys.first
 
