@@ -345,7 +345,7 @@ module Memkit
         q = @quiet or return false
         return false unless count == q.count && (q = relearned(q))
         # Ruby may ask for a major at the end of a lazy sweep, with no GC run.
-        return false if NEED_MAJOR && GC.latest_gc_info(:need_major_by)
+        return false if major_asked?(count)
 
         q.margins.holds?(now, q.base, malloc - q.malloc)
       end
@@ -357,7 +357,7 @@ module Memkit
         q = @quiet or return false
         count = GC.count
         return false unless count == q.count && (q = relearned(q))
-        return false if NEED_MAJOR && GC.latest_gc_info(:need_major_by)
+        return false if major_asked?(count)
 
         malloc = GC.stat(:malloc_increase_bytes)
         least = q.margins.least
@@ -374,9 +374,17 @@ module Memkit
       def minor_at_most?
         q = @quiet or return false
         return false unless q.minor && GC.count == q.count
-        return false if NEED_MAJOR && GC.latest_gc_info(:need_major_by)
+        return false if major_asked?(q.count)
 
         GC.stat(:malloc_increase_bytes) - q.malloc <= q.oldmalloc_room
+      end
+
+      # Whether Ruby asks for a major the policy has not turned down, at GC
+      # `count` (3.3+; 3.1 does not say).
+      def major_asked?(count)
+        return false unless NEED_MAJOR && (need = GC.latest_gc_info(:need_major_by))
+
+        !@policy.declined?(need, count)
       end
 
       # The quiet stretch `q`, its margins moved to what the profile has

@@ -109,7 +109,7 @@ module Memkit
         # 0 allocations with 3,075 slots shown free; on 3.4 after 60% of
         # them). #free cannot see those pages, so the major runs now, as
         # Ruby's next GC would have been.
-        return :major if reading.fetch(:info)[:need_major_by]
+        return :major if major_asked?(reading)
 
         short = pools_short?(reading, profile.objects, headroom) || malloc_short?(reading, profile.malloc, headroom)
         return unless short
@@ -282,12 +282,21 @@ module Memkit
         free(reading).each_with_index.any? { |f, i| f < profile.objects.fetch(i, 0) }
       end
 
+      # Whether Ruby has asked for a major (need_major_by, 3.3+) that the
+      # collector is to run.
+      def major_asked?(reading) = !reading.fetch(:info)[:need_major_by].nil?
+
+      # Whether the major Ruby asks for (`need`, latest_gc_info's
+      # need_major_by) is one #major_asked? turned down at GC `count`: for
+      # the collector's checks between readings.
+      def declined?(_need, _count) = false
+
       # After a minor GC: whether Ruby has made the next GC a major one.
       # Ruby 3.3+ says so (need_major_by); 3.1 does not for oldmalloc, and
       # #collecting saw it coming.
       def major_next?(reading)
         info = reading.fetch(:info)
-        return !info[:need_major_by].nil? if info.key?(:need_major_by)
+        return major_asked?(reading) if info.key?(:need_major_by)
 
         @oldmalloc_over == true
       end
@@ -354,7 +363,7 @@ module Memkit
       # raises the limit and asks, and the collector runs the major it asked
       # for right after, in the same pause (#major_next?).
       def major_pending?(reading)
-        return true if reading.fetch(:info)[:need_major_by]
+        return true if major_asked?(reading)
 
         stat = reading.fetch(:stat)
         return true if stat.fetch(:old_objects) >= stat.fetch(:old_objects_limit)

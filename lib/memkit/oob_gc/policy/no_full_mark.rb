@@ -40,6 +40,11 @@ module Memkit
           @valve_ratio = valve_ratio.to_f
           @init_slots = init_slots
           @baseline = nil
+          @marked_after_minor = nil # heap_marked_slots after the latest minor
+          @major_from = nil # [@marked_after_minor, total_allocated_objects] as a major started
+          @allocated_at_major = nil # total_allocated_objects as the latest major started
+          @garbage_rate = nil # old garbage a major found, per object allocated since the one before
+          @declined_at = nil # GC count at which a :nofree major was turned down
         end
 
         # Ruby looks at oldmalloc only at the end of a minor GC; with full
@@ -80,11 +85,51 @@ module Memkit
         def collected(kind, reading)
           super
           @baseline = available(reading) if kind == :major || kind == :grown || @baseline.nil?
+          stat = reading.fetch(:stat)
+          if kind == :minor
+            @marked_after_minor = stat.fetch(:heap_marked_slots)
+          elsif kind == :major && @major_from
+            found_garbage(stat)
+          end
+        end
+
+        def collecting(reading, kind = :minor)
+          super
+          return unless kind == :major
+
+          @major_from = [@marked_after_minor, reading.fetch(:stat).fetch(:total_allocated_objects)]
         end
 
         def observe(reading, allocated_before: nil)
           @baseline ||= available(reading)
+          @allocated_at_major ||= reading.fetch(:stat).fetch(:total_allocated_objects)
         end
+
+        # Ruby asks for a `:nofree` major when a minor's sweep leaves a pool
+        # under its free minimum; with full marks off it grows the heap
+        # meanwhile. The major is worth its pause where it frees old garbage,
+        # and not where the old objects are live: on the "cache" shape (a
+        # cache that grows by 40 rows a request, Ruby 3.4, Puma) Ruby asked
+        # every 120-150 requests, each major took 63-85 ms and freed almost
+        # nothing, and the heap grew anyway (docs/BENCHMARKS.md, "majors
+        # that free nothing"). So a `:nofree` major is turned down where the
+        # old garbage the latest major found, per object allocated since the
+        # one before, would not have grown by now to what the pools lack of
+        # Ruby's free minimum. Ruby's other reasons (old objects or oldmalloc
+        # past their limits) always run, and give the estimate again.
+        def major_asked?(reading)
+          need = reading.fetch(:info)[:need_major_by] or return false
+          return true unless need == :nofree && @garbage_rate
+
+          count = reading.fetch(:stat).fetch(:count)
+          return false if @declined_at == count
+          return true if worth_major?(reading)
+
+          @declined_at = count
+          false
+        end
+
+        def declined?(need, count) = need == :nofree && @declined_at == count
 
         # How the collector should grow the heap, instead of calling
         # GC.start, when pools lack slots: [pool, plan], or nil. `pool` is the
@@ -163,6 +208,13 @@ module Memkit
         # that major, run right after a minor, frees nothing and grows
         # nothing. The shared allocatable slots do not count: the next GC that
         # allocation did not start sets them back to zero.
+        #
+        # A pool under that minimum may grow as far as Ruby would grow it
+        # there, to its free goal (GOAL_RATIO): raised only to the minimum, a
+        # pool whose live objects keep growing was short again within three
+        # GCs, and each growth is a pause of its own (on the "cache" shape,
+        # Ruby 3.4, Puma: 12-14 growths of about 2,000 slots per worker in 8
+        # seconds).
         def growth_shortfall(reading, profile, cover:, want: cover)
           own = own(reading)
           free = free_slots(own)
@@ -172,7 +224,11 @@ module Memkit
             need = objects.fetch(i, 0)
             next short[i] unless need.positive?
 
-            [short[i], floor(h, i, free[i], need)].max
+            under = floor(h, i, free[i], need)
+            next short[i] unless under.positive?
+
+            goal = ((GOAL_RATIO * slots_for_free_minimum(h, i)) - free[i]).fdiv(1 - GOAL_RATIO).ceil
+            [short[i], under, goal].max
           end
         end
 
@@ -189,11 +245,37 @@ module Memkit
         end
 
         def valve?(reading)
-          !@baseline.nil? && !reading.fetch(:info)[:need_major_by].nil? &&
-            available(reading) > @baseline * @valve_ratio
+          !@baseline.nil? && major_asked?(reading) && available(reading) > @baseline * @valve_ratio
         end
 
         private
+
+        # After a major this process ran: the slots it freed that the minor
+        # before it had marked (old garbage, and the young objects that died
+        # since, which errs towards more majors), per object allocated since
+        # the major before.
+        def found_garbage(stat)
+          marked_before, allocated = @major_from
+          @major_from = nil
+          if marked_before && @allocated_at_major && allocated > @allocated_at_major
+            freed = [marked_before - stat.fetch(:heap_marked_slots), 0].max
+            @garbage_rate = freed.fdiv(allocated - @allocated_at_major)
+          end
+          @allocated_at_major = allocated
+          @marked_after_minor = nil
+        end
+
+        # Whether the old garbage expected by now (#found_garbage's rate)
+        # covers what the pools lack of Ruby's free minimum, their own free
+        # slots counted (the shared allocatable slots are not swept slots).
+        def worth_major?(reading)
+          expected = @garbage_rate * (reading.fetch(:stat).fetch(:total_allocated_objects) - @allocated_at_major)
+          free = free_slots(own(reading))
+          lacking = reading.fetch(:heaps).each_with_index.sum do |h, i|
+            [(slots_for_free_minimum(h, i) * @min_free_ratio) - free[i], 0].max
+          end
+          expected.positive? && expected >= lacking
+        end
 
         # With full marks off Ruby asks for its majors itself
         # (need_major_by); growth keeps pools above its free minimum
