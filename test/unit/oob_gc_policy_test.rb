@@ -467,6 +467,7 @@ class OobGCPolicyTest < Minitest::Test
     req = profile([10_000, 2_000])
     at = ->(allocated, live0, **o) { pooled([[1_000_000, live0], [400_000, 330_000]], total_allocated_objects: allocated, **o) }
     policy.observe(at.(10_000_000, 700_000))
+    assert_nil policy.decide(at.(10_000_000, 700_000), req)
     policy.collected(:minor, at.(40_000_000, 700_000, heap_marked_slots: 1_030_000, count: 20))
     assert_equal :major, policy.decide(at.(41_000_000, 700_000, need_major_by: :nofree, count: 20), req),
                  "no major seen yet: Ruby's call"
@@ -483,18 +484,18 @@ class OobGCPolicyTest < Minitest::Test
     refute policy.valve?(at.(60_000_000, 840_000, need_major_by: :nofree, count: 30, heap_available_slots: 9_000_000))
   end
 
-  def test_no_full_mark_runs_a_nofree_major_once_old_garbage_covers_the_shortage
+  def test_no_full_mark_runs_a_nofree_major_once_its_old_garbage_would_hold_a_request
     policy = Policy::NoFullMark.new
     req = profile([10_000, 2_000])
     at = ->(allocated, **o) { pooled([[1_000_000, 900_000], [400_000, 330_000]], total_allocated_objects: allocated, **o) }
     policy.observe(at.(10_000_000))
     policy.collected(:minor, at.(20_000_000, heap_marked_slots: 1_230_000, count: 20))
     policy.collecting(at.(20_000_000, count: 20), :major)
-    # 200,000 slots of old garbage in 10M objects allocated.
+    # 200,000 slots of old garbage in 10M objects allocated: 2%.
     policy.collected(:major, at.(20_000_000, heap_marked_slots: 1_030_000, count: 21))
-    # Pool 0 lacks 100,000 of its 20% and pool 1 10,000: 110,000 slots.
-    refute policy.major_asked?(at.(25_000_000, need_major_by: :nofree, count: 30)), "100,000 expected by now"
-    assert policy.major_asked?(at.(25_600_000, need_major_by: :nofree, count: 31)), "112,000 expected by now"
+    assert_nil policy.decide(at.(20_000_000, count: 21), req)
+    refute policy.major_asked?(at.(20_500_000, need_major_by: :nofree, count: 30)), "10,000 expected by now"
+    assert policy.major_asked?(at.(20_700_000, need_major_by: :nofree, count: 31)), "14,000: a request's 12,000"
   end
 
   def test_no_full_mark_valve_past_twice_the_heap_at_the_last_major

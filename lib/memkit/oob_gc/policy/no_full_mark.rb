@@ -114,9 +114,9 @@ module Memkit
         # nothing, and the heap grew anyway (docs/BENCHMARKS.md, "majors
         # that free nothing"). So a `:nofree` major is turned down where the
         # old garbage the latest major found, per object allocated since the
-        # one before, would not have grown by now to what the pools lack of
-        # Ruby's free minimum. Ruby's other reasons (old objects or oldmalloc
-        # past their limits) always run, and give the estimate again.
+        # one before, would not have grown by now to one request's objects.
+        # Ruby's other reasons (old objects or oldmalloc past their limits)
+        # always run, and give the estimate again.
         def major_asked?(reading)
           need = reading.fetch(:info)[:need_major_by] or return false
           return true unless need == :nofree && @garbage_rate
@@ -266,15 +266,13 @@ module Memkit
         end
 
         # Whether the old garbage expected by now (#found_garbage's rate)
-        # covers what the pools lack of Ruby's free minimum, their own free
-        # slots counted (the shared allocatable slots are not swept slots).
+        # would hold one request: a major that frees less does not put off
+        # the next GC by one request.
         def worth_major?(reading)
+          return true unless @objects
+
           expected = @garbage_rate * (reading.fetch(:stat).fetch(:total_allocated_objects) - @allocated_at_major)
-          free = free_slots(own(reading))
-          lacking = reading.fetch(:heaps).each_with_index.sum do |h, i|
-            [(slots_for_free_minimum(h, i) * @min_free_ratio) - free[i], 0].max
-          end
-          expected.positive? && expected >= lacking
+          expected >= [@objects.sum, 1].max
         end
 
         # With full marks off Ruby asks for its majors itself
