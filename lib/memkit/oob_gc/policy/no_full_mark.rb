@@ -6,7 +6,9 @@ module Memkit
       # Ruby 3.4+ with GC.config(rgengc_allow_full_mark: false) while serving:
       # Ruby never starts a major GC itself; where it would, it grows the heap
       # and sets latest_gc_info(:need_major_by). So every major is ours, run
-      # between requests as soon as one is due, slots short or not.
+      # between requests as soon as one is due, slots short or not; one asked
+      # for want of free slots only where it would free something
+      # (#major_asked?).
       #
       # Safety valve: a heap that has grown past `valve_ratio` times its size
       # at the last major while Ruby asks for a major (an app whose old
@@ -209,12 +211,13 @@ module Memkit
         # nothing. The shared allocatable slots do not count: the next GC that
         # allocation did not start sets them back to zero.
         #
-        # A pool under that minimum may grow as far as Ruby would grow it
-        # there, to its free goal (GOAL_RATIO): raised only to the minimum, a
-        # pool whose live objects keep growing was short again within three
-        # GCs, and each growth is a pause of its own (on the "cache" shape,
-        # Ruby 3.4, Puma: 12-14 growths of about 2,000 slots per worker in 8
-        # seconds).
+        # A pool under that minimum grows as far as Ruby grows it there, to
+        # its free goal (GOAL_RATIO): raised only to the minimum, a pool whose
+        # live objects keep growing was short again every third GC, and each
+        # growth is a pause of its own (on the "cache" shape, Ruby 3.4, Puma:
+        # 12-14 growths per worker in 8 seconds, p99 42-49 ms where it ran
+        # 13-15 ms growing to the goal; docs/BENCHMARKS.md, "majors that free
+        # nothing").
         def growth_shortfall(reading, profile, cover:, want: cover)
           own = own(reading)
           free = free_slots(own)
