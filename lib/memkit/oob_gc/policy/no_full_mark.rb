@@ -47,6 +47,7 @@ module Memkit
           @allocated_at_major = nil # total_allocated_objects as the latest major started
           @garbage_rate = nil # old garbage a major found, per object allocated since the one before
           @declined_at = nil # GC count at which a :nofree major was turned down
+          @settled = false # whether the request profile had settled at a #decide
         end
 
         # Ruby looks at oldmalloc only at the end of a minor GC; with full
@@ -56,6 +57,7 @@ module Memkit
         # due at once: Ruby raises the limit and asks for the major, which
         # the collector then runs (see Policy#major_pending?).
         def decide(reading, profile, headroom: @headroom)
+          @settled ||= profile.settled?
           return :major if major_pending?(reading)
           return :minor if !profile.empty? && oldmalloc_over?(reading)
 
@@ -99,7 +101,7 @@ module Memkit
           super
           return unless kind == :major
 
-          @major_from = [@marked_after_minor, reading.fetch(:stat).fetch(:total_allocated_objects)]
+          @major_from = [@marked_after_minor, reading.fetch(:stat).fetch(:total_allocated_objects), @settled]
         end
 
         def observe(reading, allocated_before: nil)
@@ -256,11 +258,14 @@ module Memkit
         # After a major this process ran: the slots it freed that the minor
         # before it had marked (old garbage, and the young objects that died
         # since, which errs towards more majors), per object allocated since
-        # the major before.
+        # the major before. Not from a major a worker ran before its profile
+        # settled (Profile#settled?): in its first requests nothing they keep
+        # has died yet, and an app whose objects live 20 requests ran one
+        # major in 400 where it needed several (test/integration/oob_gc_test.rb).
         def found_garbage(stat)
-          marked_before, allocated = @major_from
+          marked_before, allocated, settled = @major_from
           @major_from = nil
-          if marked_before && @allocated_at_major && allocated > @allocated_at_major
+          if settled && marked_before && @allocated_at_major && allocated > @allocated_at_major
             freed = [marked_before - stat.fetch(:heap_marked_slots), 0].max
             @garbage_rate = freed.fdiv(allocated - @allocated_at_major)
           end
