@@ -43,7 +43,7 @@ module Memkit
           @init_slots = init_slots
           @baseline = nil
           @marked_after_minor = nil # heap_marked_slots after the latest minor
-          @major_from = nil # [@marked_after_minor, total_allocated_objects] as a major started
+          @major_from = nil # [@marked_after_minor, total_allocated_objects, @settled] as a major started
           @allocated_at_major = nil # total_allocated_objects as the latest major started
           @garbage_rate = nil # old garbage a major found, per object allocated since the one before
           @declined_at = nil # GC count at which a :nofree major was turned down
@@ -217,7 +217,7 @@ module Memkit
         # its free goal (GOAL_RATIO): raised only to the minimum, a pool whose
         # live objects keep growing was short again every third GC, and each
         # growth is a pause of its own (on the "cache" shape, Ruby 3.4, Puma:
-        # 12-14 growths per worker in 8 seconds, p99 42-49 ms where it ran
+        # 12-14 growths per worker in 8 seconds, p99 32-49 ms where it ran
         # 13-15 ms growing to the goal; docs/BENCHMARKS.md, "majors that free
         # nothing").
         def growth_shortfall(reading, profile, cover:, want: cover)
