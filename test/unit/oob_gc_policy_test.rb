@@ -461,7 +461,7 @@ class OobGCPolicyTest < Minitest::Test
   # :nofree major every 120-150 requests and each freed almost nothing (the
   # cache's old objects are live). Once a major has found no old garbage,
   # a :nofree major is turned down until the garbage it found per object
-  # allocated would cover what the pools lack; Ruby's other reasons run.
+  # allocated would hold one request; Ruby's other reasons run.
   def test_no_full_mark_turns_down_a_nofree_major_that_would_free_nothing
     policy = Policy::NoFullMark.new
     req = profile([10_000, 2_000], requests: 40)
@@ -485,32 +485,38 @@ class OobGCPolicyTest < Minitest::Test
   end
 
   def test_no_full_mark_runs_a_nofree_major_once_its_old_garbage_would_hold_a_request
-    policy = Policy::NoFullMark.new
     req = profile([10_000, 2_000], requests: 40)
-    at = ->(allocated, **o) { pooled([[1_000_000, 900_000], [400_000, 330_000]], total_allocated_objects: allocated, **o) }
-    policy.observe(at.(10_000_000))
-    assert_nil policy.decide(at.(10_000_000), req)
-    policy.collected(:minor, at.(20_000_000, heap_marked_slots: 1_230_000, count: 20))
-    policy.collecting(at.(20_000_000, count: 20), :major)
     # 200,000 slots of old garbage in 10M objects allocated: 2%.
-    policy.collected(:major, at.(20_000_000, heap_marked_slots: 1_030_000, count: 21))
-    assert_nil policy.decide(at.(20_000_000, count: 21), req)
-    refute policy.major_asked?(at.(20_500_000, need_major_by: :nofree, count: 30)), "10,000 expected by now"
-    assert policy.major_asked?(at.(20_700_000, need_major_by: :nofree, count: 31)), "14,000: a request's 12,000"
+    policy = no_full_mark_after_major(req, marked_before: 1_230_000, marked_after: 1_030_000)
+    assert_nil policy.decide(allocated_by(20_000_000, count: 21), req)
+    refute policy.major_asked?(allocated_by(20_500_000, need_major_by: :nofree, count: 30)), "10,000 expected by now"
+    assert policy.major_asked?(allocated_by(20_700_000, need_major_by: :nofree, count: 31)), "14,000: a request's 12,000"
   end
 
   # A worker's first majors come before anything it keeps has died: one
   # that freed nothing then says nothing of the requests after.
   def test_no_full_mark_learns_nothing_from_a_major_before_the_profile_settled
-    policy = Policy::NoFullMark.new
     young = profile([10_000, 2_000], requests: 20)
-    at = ->(allocated, **o) { pooled([[1_000_000, 900_000], [400_000, 330_000]], total_allocated_objects: allocated, **o) }
-    policy.observe(at.(10_000_000))
-    assert_nil policy.decide(at.(10_000_000), young)
-    policy.collected(:minor, at.(20_000_000, heap_marked_slots: 1_230_000, count: 20))
-    policy.collecting(at.(20_000_000, count: 20), :major)
-    policy.collected(:major, at.(20_000_000, heap_marked_slots: 1_230_000, count: 21))
-    assert policy.major_asked?(at.(40_000_000, need_major_by: :nofree, count: 30))
+    policy = no_full_mark_after_major(young, marked_before: 1_230_000, marked_after: 1_230_000)
+    assert policy.major_asked?(allocated_by(40_000_000, need_major_by: :nofree, count: 30))
+  end
+
+  # Two pools (900,000 and 330,000 live) with `allocated` objects allocated so far.
+  def allocated_by(allocated, **stat)
+    pooled([[1_000_000, 900_000], [400_000, 330_000]], total_allocated_objects: allocated, **stat)
+  end
+
+  # A NoFullMark policy that has decided with `profile`, then run a minor
+  # that marked `marked_before` slots and a major right after it that marked
+  # `marked_after`, 10M objects allocated in between.
+  def no_full_mark_after_major(profile, marked_before:, marked_after:)
+    policy = Policy::NoFullMark.new
+    policy.observe(allocated_by(10_000_000))
+    assert_nil policy.decide(allocated_by(10_000_000), profile)
+    policy.collected(:minor, allocated_by(20_000_000, heap_marked_slots: marked_before, count: 20))
+    policy.collecting(allocated_by(20_000_000, count: 20), :major)
+    policy.collected(:major, allocated_by(20_000_000, heap_marked_slots: marked_after, count: 21))
+    policy
   end
 
   def test_no_full_mark_valve_past_twice_the_heap_at_the_last_major
