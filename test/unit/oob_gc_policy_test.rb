@@ -501,63 +501,6 @@ class OobGCPolicyTest < Minitest::Test
     assert policy.major_asked?(allocated_by(40_000_000, need_major_by: :nofree, count: 30))
   end
 
-  # Recorded on Ruby 3.4, "cache" shape behind Puma: with the :nofree majors
-  # turned down, Ruby asked for :oldmalloc ones every 440 requests, each a
-  # 100-128 ms pause that freed almost nothing. Turned down the same way,
-  # and no minor is run at once for them, up to Ruby's oldmalloc ceiling.
-  def test_no_full_mark_turns_down_an_oldmalloc_major_that_would_free_nothing_up_to_rubys_ceiling
-    req = profile([10_000, 2_000], requests: 40)
-    policy = no_full_mark_after_major(req, marked_before: 1_230_000, marked_after: 1_230_000, oldmalloc_max: 64 << 20)
-    over = allocated_by(30_000_000, oldmalloc_increase_bytes: 20 << 20, count: 30)
-    refute policy.oldmalloc_over?(over)
-    assert_nil policy.decide(over, req), "no minor at once for a major that would be turned down"
-    assert_equal (64 - 20) << 20, policy.margins(over, req).malloc, "the margin runs to the ceiling"
-    asked = allocated_by(30_000_000, oldmalloc_increase_bytes: 20 << 20, oldmalloc_increase_bytes_limit: 24 << 20,
-                                     need_major_by: :oldmalloc, count: 31)
-    refute policy.major_asked?(asked)
-    assert policy.declined?(:oldmalloc, 31)
-    assert_nil policy.decide(asked, req)
-
-    ceiling = allocated_by(30_000_000, oldmalloc_increase_bytes: 64 << 20, need_major_by: :oldmalloc, count: 32)
-    assert policy.major_asked?(ceiling)
-    refute policy.declined?(:oldmalloc, 32)
-    assert_equal :major, policy.decide(ceiling, req)
-    assert policy.oldmalloc_over?(allocated_by(30_000_000, oldmalloc_increase_bytes: 64 << 20, count: 33))
-  end
-
-  def test_no_full_mark_runs_an_oldmalloc_major_where_old_objects_die
-    req = profile([10_000, 2_000], requests: 40)
-    policy = no_full_mark_after_major(req, marked_before: 1_230_000, marked_after: 1_030_000)
-    over = allocated_by(30_000_000, oldmalloc_increase_bytes: 20 << 20, count: 30)
-    assert policy.oldmalloc_over?(over)
-    assert_equal :minor, policy.decide(over, req), "the minor after which Ruby asks for the major"
-    assert_equal :major, policy.decide(allocated_by(30_000_000, need_major_by: :oldmalloc, count: 31), req)
-  end
-
-  def test_oldmalloc_ceiling_is_rubys_unless_set_at_boot
-    assert_equal 128 << 20, Policy::NoFullMark.oldmalloc_max({})
-    assert_equal 32 << 20, Policy::NoFullMark.oldmalloc_max("RUBY_GC_OLDMALLOC_LIMIT_MAX" => (32 << 20).to_s)
-    assert_equal 128 << 20, Policy::NoFullMark.oldmalloc_max("RUBY_GC_OLDMALLOC_LIMIT_MAX" => "lots")
-  end
-
-  # What majors free is learned from one: the first runs right after an
-  # out-of-band minor once the profile has settled, and only the first.
-  def test_no_full_mark_runs_a_first_major_to_learn_from_once_the_profile_has_settled
-    policy = Policy::NoFullMark.new
-    policy.observe(allocated_by(10_000_000))
-    assert_nil policy.decide(allocated_by(10_000_000), profile([10_000, 2_000], requests: 20))
-    policy.collected(:minor, allocated_by(20_000_000, count: 20))
-    refute policy.major_next?(allocated_by(20_000_000, count: 20)), "not before the profile has settled"
-
-    assert_nil policy.decide(allocated_by(20_000_000, count: 20), profile([10_000, 2_000], requests: 40))
-    assert policy.major_next?(allocated_by(20_000_000, count: 20))
-    policy.collecting(allocated_by(20_000_000, count: 20), :major)
-    policy.collected(:major, allocated_by(20_000_000, heap_marked_slots: 1_200_000, count: 21))
-    policy.collected(:minor, allocated_by(30_000_000, count: 30))
-    refute policy.major_next?(allocated_by(30_000_000, count: 30)), "learned once"
-    assert policy.major_next?(allocated_by(30_000_000, need_major_by: :oldgen, count: 30))
-  end
-
   # Two pools (900,000 and 330,000 live) with `allocated` objects allocated so far.
   def allocated_by(allocated, **stat)
     pooled([[1_000_000, 900_000], [400_000, 330_000]], total_allocated_objects: allocated, **stat)
@@ -566,8 +509,8 @@ class OobGCPolicyTest < Minitest::Test
   # A NoFullMark policy that has decided with `profile`, then run a minor
   # that marked `marked_before` slots and a major right after it that marked
   # `marked_after`, 10M objects allocated in between.
-  def no_full_mark_after_major(profile, marked_before:, marked_after:, **options)
-    policy = Policy::NoFullMark.new(**options)
+  def no_full_mark_after_major(profile, marked_before:, marked_after:)
+    policy = Policy::NoFullMark.new
     policy.observe(allocated_by(10_000_000))
     assert_nil policy.decide(allocated_by(10_000_000), profile)
     policy.collected(:minor, allocated_by(20_000_000, heap_marked_slots: marked_before, count: 20))

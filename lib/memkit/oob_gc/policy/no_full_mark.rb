@@ -7,8 +7,8 @@ module Memkit
       # Ruby never starts a major GC itself; where it would, it grows the heap
       # and sets latest_gc_info(:need_major_by). So every major is ours, run
       # between requests as soon as one is due, slots short or not; one asked
-      # for want of free slots or for oldmalloc only where it would free
-      # something (#major_asked?).
+      # for want of free slots only where it would free something
+      # (#major_asked?).
       #
       # Safety valve: a heap that has grown past `valve_ratio` times its size
       # at the last major while Ruby asks for a major (an app whose old
@@ -30,24 +30,14 @@ module Memkit
           end
         end
 
-        # Ruby's ceiling on its oldmalloc limit (GC_OLDMALLOC_LIMIT_MAX in
-        # gc/default.c), unless RUBY_GC_OLDMALLOC_LIMIT_MAX was set at boot.
-        OLDMALLOC_MAX = 128 << 20
-
-        def self.oldmalloc_max(env = ENV)
-          Integer(env.fetch("RUBY_GC_OLDMALLOC_LIMIT_MAX", OLDMALLOC_MAX), exception: false) || OLDMALLOC_MAX
-        end
-
         # Bytes of pages one growth takes at most: the requests that queue
         # behind it wait while the collector fills them. On Unicorn "large"
         # (3.4) the saturated p99 was 141 ms taking whole steps, 25 ms with
         # this (one run each; Ruby alone 27 ms).
         STEP_BYTES = 8 << 20
 
-        def initialize(valve_ratio: 2.0, init_slots: self.class.init_slots, oldmalloc_max: self.class.oldmalloc_max,
-                       step_bytes: STEP_BYTES, **options)
+        def initialize(valve_ratio: 2.0, init_slots: self.class.init_slots, step_bytes: STEP_BYTES, **options)
           super(**options)
-          @oldmalloc_max = oldmalloc_max
           @step_bytes = step_bytes
           @valve_ratio = valve_ratio.to_f
           @init_slots = init_slots
@@ -56,9 +46,8 @@ module Memkit
           @major_from = nil # [@marked_after_minor, total_allocated_objects, @settled] as a major started
           @allocated_at_major = nil # total_allocated_objects as the latest major started
           @garbage_rate = nil # old garbage a major found, per object allocated since the one before
-          @declined_at = nil # GC count at which a major Ruby asked for was turned down
+          @declined_at = nil # GC count at which a :nofree major was turned down
           @settled = false # whether the request profile had settled at a #decide
-          @learning = true # until a major runs with the profile settled (#major_next?)
         end
 
         # Ruby looks at oldmalloc only at the end of a minor GC; with full
@@ -75,23 +64,12 @@ module Memkit
           super
         end
 
-        # Past a limit whose major #oldmalloc_over? turns down, the margin is
-        # what is left below Ruby's ceiling, where that major runs.
         def margins(reading, profile, headroom: @headroom)
           margins = super or return
           stat = reading.fetch(:stat)
-          oldmalloc = stat.fetch(:oldmalloc_increase_bytes)
-          limit = stat.fetch(:oldmalloc_increase_bytes_limit)
-          limit = @oldmalloc_max if oldmalloc > limit
-          margins.malloc = [margins.malloc, limit - oldmalloc].compact.min
+          oldmalloc = stat.fetch(:oldmalloc_increase_bytes_limit) - stat.fetch(:oldmalloc_increase_bytes)
+          margins.malloc = [margins.malloc, oldmalloc].compact.min
           margins
-        end
-
-        # Only where the major Ruby would ask for at the next minor is one
-        # #major_asked? would run: the minor run at once for it is otherwise
-        # a GC Ruby alone would not have run.
-        def oldmalloc_over?(reading)
-          super && !declines?(:oldmalloc, reading)
         end
 
         # Also the slots a pool under its initial slots takes as new pages
@@ -123,18 +101,7 @@ module Memkit
           super
           return unless kind == :major
 
-          @learning = false if @settled
           @major_from = [@marked_after_minor, reading.fetch(:stat).fetch(:total_allocated_objects), @settled]
-        end
-
-        # Also the first major once the profile has settled, right after an
-        # out-of-band minor: #major_asked? learns from it whether majors free
-        # anything. Left to the first major Ruby asks for, it came at the
-        # first oldmalloc limit, 2,050 requests into a "cache" worker forked
-        # from a warmed master (Puma, `plugin :memkit`), and took 100 ms; run
-        # here, at request 51, it took 58-63 ms.
-        def major_next?(reading)
-          super || (@learning && @settled && !@marked_after_minor.nil?)
         end
 
         def observe(reading, allocated_before: nil)
@@ -143,31 +110,30 @@ module Memkit
         end
 
         # Ruby asks for a `:nofree` major when a minor's sweep leaves a pool
-        # under its free minimum (with full marks off it grows the heap
-        # meanwhile), and for an `:oldmalloc` one when what was malloc'd since
-        # the last major, net of frees, passes a limit. Either is worth its
-        # pause where it frees old garbage, and not where the old objects are
-        # live: on the "cache" shape (a cache that grows by 40 rows a request,
-        # Ruby 3.4, Puma) Ruby asked for a `:nofree` major every 120-150
-        # requests, each took 63-85 ms and freed almost nothing, and the heap
-        # grew anyway (docs/BENCHMARKS.md, "majors that free nothing"); with
-        # those turned down, the `:oldmalloc` ones came every 440 requests
-        # and took 100-128 ms. A major frees malloc'd memory only with the
-        # objects that hold it. So such a major is turned down where the old
-        # garbage the latest major found, per object allocated since the one
-        # before, would not have grown by now to one request's objects; an
-        # `:oldmalloc` one runs anyway once the bytes reach Ruby's ceiling
-        # (#oldmalloc_max), where Ruby's own limit ends up on an app whose
-        # every major is asked for by oldmalloc, as the limit grows by 1.2x
-        # at each. Old objects past their limit always run, and each major
-        # run gives the estimate again.
+        # under its free minimum; with full marks off it grows the heap
+        # meanwhile. The major is worth its pause where it frees old garbage,
+        # and not where the old objects are live: on the "cache" shape (a
+        # cache that grows by 40 rows a request, Ruby 3.4, Puma) Ruby asked
+        # every 120-150 requests, each major took 63-85 ms and freed almost
+        # nothing, and the heap grew anyway (docs/BENCHMARKS.md, "majors
+        # that free nothing"). So a `:nofree` major is turned down where the
+        # old garbage the latest major found, per object allocated since the
+        # one before, would not have grown by now to one request's objects.
+        # Ruby's other reasons (old objects or oldmalloc past their limits)
+        # always run, and give the estimate again.
         def major_asked?(reading)
           need = reading.fetch(:info)[:need_major_by] or return false
+          return true unless need == :nofree && @garbage_rate
 
-          !declines?(need, reading)
+          count = reading.fetch(:stat).fetch(:count)
+          return false if @declined_at == count
+          return true if worth_major?(reading)
+
+          @declined_at = count
+          false
         end
 
-        def declined?(need, count) = DECLINABLE.include?(need) && @declined_at == count
+        def declined?(need, count) = need == :nofree && @declined_at == count
 
         # How the collector should grow the heap, instead of calling
         # GC.start, when pools lack slots: [pool, plan], or nil. `pool` is the
@@ -305,25 +271,6 @@ module Memkit
           end
           @allocated_at_major = allocated
           @marked_after_minor = nil
-        end
-
-        # The reasons for a major #major_asked? may turn down.
-        DECLINABLE = %i[nofree oldmalloc].freeze
-
-        # Whether a major Ruby asks for (or would ask for) by `need` is
-        # turned down at this reading's GC count (see #major_asked?).
-        def declines?(need, reading)
-          return false unless DECLINABLE.include?(need) && @garbage_rate
-
-          stat = reading.fetch(:stat)
-          return false if need == :oldmalloc && stat.fetch(:oldmalloc_increase_bytes) >= @oldmalloc_max
-
-          count = stat.fetch(:count)
-          return true if @declined_at == count
-          return false if worth_major?(reading)
-
-          @declined_at = count
-          true
         end
 
         # Whether the old garbage expected by now (#found_garbage's rate)
