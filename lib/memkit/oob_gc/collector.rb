@@ -533,16 +533,10 @@ module Memkit
           # A heap that cannot hold the next `cover` requests grows as far as
           # it must at once; beyond that, one of Ruby's growth steps at a time,
           # `regrow_after` requests apart, so that the RSS each step costs is
-          # measured (RssBudget) before the next. Only one that cannot hold
-          # the next request (Policy#starved?) may take a step past the
-          # budget: on Ruby 3.1 a worker of the "medium" shape 1 slot short of
-          # `cover` took a 24 MB step where 20 MB were left, RSS 1.34x no
-          # OobGC's; held to the budget it grew nothing and ran 0.5x the GCs
-          # of no OobGC (docs/BENCHMARKS.md).
+          # measured (RssBudget) before the next.
           starving = @policy.shortfall(reading, @profile, cover: @cover).any?(&:positive?)
-          added = @growth.grow(short, @policy, rounds: starving ? HeapGrowth::ROUNDS : 1,
-                                               one_past: starving && @policy.starved?(reading, @profile),
-                                               order: driest_first(reading))
+          added = @growth.grow(short, @policy, rounds: starving ? HeapGrowth::ROUNDS : 1, one_past: starving,
+                                              order: driest_first(reading))
           if added
             Counters.grew(added)
             after = self.class.reading
