@@ -380,9 +380,14 @@ class OobGCTest < Minitest::Test
     app = Memkit::OobGC.new(heavy(1.5))
     serve(app, 40, hook: :after_reply)
     grown = Memkit::OobGC.stats
-    # Ruby 3.4 may grow the heap enough itself during such a request (its
-    # GCs inside the first one); the others leave it to the collector.
-    assert_operator grown.grow_runs, :>=, 1, grown.to_h unless grown.policy == "NoFullMark"
+    # Ruby 3.3+ may grow the heap itself at its GCs inside the first
+    # request; whoever grew it, a heap just collected holds the next request
+    # with the headroom, or the collector grew it.
+    GC.start(full_mark: false)
+    policy = Memkit::OobGC::Policy.detect.new
+    free = policy.free(Memkit::OobGC::Collector.reading)
+    holds = grown.profile.fetch(:objects).each_with_index.all? { |n, i| free.fetch(i) >= n * policy.headroom }
+    assert grown.grow_runs >= 1 || holds, "free #{free}: #{grown.to_h}"
     # One growth step past the cap at most (Ruby grows by 1.8x a step).
     assert_operator grown.heap_grown_bytes, :<=, 2 * (64 << 20), "max_heap_growth: #{grown.to_h}"
     refute_empty grown.boot_env, grown.to_h

@@ -681,6 +681,20 @@ class OobGCPolicyTest < Minitest::Test
     assert_equal [0], policy.shortfall(grown, req, cover: 2.1)
   end
 
+  # A heap just collected is cramped (the budget may give way) from the
+  # request's objects at the headroom and a slack down, not once it falls
+  # short of `cover` (a GC after every request, all out of band).
+  def test_cramped_below_the_reserve_of_one_request
+    policy = Policy::OneHeap.new(page_slots: PAGE, headroom: 1.1)
+    req = profile(100_000)
+    reserve = ((100_000 * 1.1) + Policy::SLACK).ceil
+    assert policy.cramped?(one_heap(eden: 300_000, free: reserve - 1, marked: 300_000 - reserve + 1), req)
+    refute policy.cramped?(one_heap(eden: 300_000, free: reserve, marked: 300_000 - reserve), req)
+    refute policy.cramped?(one_heap(eden: 400_000, free: 200_000, marked: 200_000), req)
+    assert policy.shortfall(one_heap(eden: 400_000, free: 200_000, marked: 200_000), req, cover: 2.1).first.positive?
+    refute policy.cramped?(one_heap(eden: 300_000, free: 1_000, marked: 299_000), Profile.new), "nothing learned yet"
+  end
+
   # The collector skips readings while allocation stays within the margins:
   # they must be exactly where #decide starts answering.
   def test_margins_end_where_decide_starts_answering

@@ -282,6 +282,10 @@ module Memkit
         free(reading).each_with_index.any? { |f, i| f < profile.objects.fetch(i, 0) }
       end
 
+      # Whether a heap just collected has fewer free slots than #decide keeps
+      # in reserve: the next request may run out of them, and GC inside.
+      def cramped?(reading, profile) = !profile.empty? && pools_short?(reading, profile.objects, @headroom)
+
       # Whether Ruby has asked for a major (need_major_by, 3.3+) that the
       # collector is to run.
       def major_asked?(reading) = !reading.fetch(:info)[:need_major_by].nil?
