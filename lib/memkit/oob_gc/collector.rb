@@ -535,12 +535,13 @@ module Memkit
           # `regrow_after` requests apart, so that the RSS each step costs is
           # measured (RssBudget) before the next. The budget gives way only
           # to keep GC out of requests: a step past it is for a heap the next
-          # request may run dry (Policy#cramped?). On Ruby 3.1 a worker of
-          # the "medium" shape, 1 slot short of `cover`, took a 24 MB step
-          # where 20 MB were left, RSS 1.34x no OobGC's (docs/BENCHMARKS.md).
+          # request may run dry (Policy#cramped?, a heap also short of
+          # `cover`). On Ruby 3.1 a worker of the "medium" shape, 1 slot
+          # short of `cover`, took a 24 MB step where 20 MB were left, RSS
+          # 1.34x no OobGC's (docs/BENCHMARKS.md).
           starving = @policy.shortfall(reading, @profile, cover: @cover).any?(&:positive?)
           added = @growth.grow(short, @policy, rounds: starving ? HeapGrowth::ROUNDS : 1,
-                                               one_past: starving && @policy.cramped?(reading, @profile),
+                                               one_past: @policy.cramped?(reading, @profile),
                                                order: driest_first(reading))
           if added
             Counters.grew(added)
