@@ -422,6 +422,34 @@ class OobGCTest < Minitest::Test
     assert_nil Memkit::OobGC::HeapGrowth.new(max_bytes: 0).grow([before], policy), "no budget: no growth, no GC"
   end
 
+  # Pages Ruby allowed at an earlier GC cost nothing until objects fill
+  # them; a growth that fills them pays for them, against its budget.
+  def test_heap_growth_counts_the_pages_ruby_had_allowed_once_it_fills_them
+    # Ruby 3.4 grows by DryGrowth, which counts the pages held.
+    skip "the pools share their allocatable slots" unless Memkit::OobGC::HeapGrowth::MINOR_GROWS
+    in_fresh_process { heap_growth_counts_the_pages_ruby_had_allowed_once_it_fills_them }
+  end
+
+  def heap_growth_counts_the_pages_ruby_had_allowed_once_it_fills_them
+    # A heap grown for a million objects, then mostly free: Ruby keeps the
+    # pages it allowed at the last growth.
+    keep = Array.new(1_000_000) { [] }
+    GC.start
+    keep = Array.new(50_000) { [] }
+    GC.start(full_mark: false)
+    policy = Memkit::OobGC::Policy.detect.new
+    growth = Memkit::OobGC::HeapGrowth.new(max_bytes: 64 << 20)
+    held = Memkit::OobGC::HeapGrowth.eden_bytes
+    allowed = Memkit::OobGC::HeapGrowth.page_bytes - held
+    growth.grow([1_000], policy)
+    risen = Memkit::OobGC::HeapGrowth.eden_bytes - held
+    assert_operator Memkit::OobGC::HeapGrowth.page_bytes - Memkit::OobGC::HeapGrowth.eden_bytes, :<, allowed,
+                    "the growth should fill pages Ruby had allowed"
+    assert_operator risen, :>, 0
+    assert_operator growth.grown_bytes, :>=, risen
+    assert_equal 50_000, keep.size
+  end
+
   # Right after a major, Ruby grows the heap at a minor GC, and fillers that
   # survived one GC are young: the growth marks the fillers, not the whole
   # heap again (a major a round and one to drop the fillers held a Puma
