@@ -167,11 +167,11 @@ module Memkit
 
       # What the heap has grown by since `before` (#footprint): the pages it
       # holds beyond those it held, and the allowance beyond the one Ruby had
-      # granted. Pages Ruby had allowed before count once the fill makes them
-      # resident: counted as already paid for, a worker of the "large" shape
-      # (Ruby 3.3, Unicorn) grew 19 MB against its budget while its object
-      # pages rose 33 MB, 455 of them allowed at the GCs of its first requests
-      # that it would never have used (RSS 1.31x no OobGC's).
+      # granted. The fill takes a pool's allowance first. Counted as pages
+      # held plus allowed, the pages Ruby had allowed at an earlier GC cost
+      # nothing once filled, or less than nothing where Ruby then allowed
+      # fewer: a heap grown for a million objects and then mostly free
+      # counted 0 bytes for a 19-20 MB rise in its pages, on 3.1 and 3.3.
       def cost(before)
         eden, allowed = before
         now_eden, now_allowed = footprint
