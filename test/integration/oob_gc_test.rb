@@ -439,12 +439,12 @@ class OobGCTest < Minitest::Test
     GC.start(full_mark: false)
     policy = Memkit::OobGC::Policy.detect.new
     growth = Memkit::OobGC::HeapGrowth.new(max_bytes: 64 << 20)
-    held = Memkit::OobGC::HeapGrowth.eden_bytes
-    allowed = Memkit::OobGC::HeapGrowth.page_bytes - held
+    pages = Memkit::OobGC::HeapGrowth
+    held = pages.eden_bytes
+    allowed = pages.page_bytes - held
     growth.grow([1_000], policy)
-    risen = Memkit::OobGC::HeapGrowth.eden_bytes - held
-    assert_operator Memkit::OobGC::HeapGrowth.page_bytes - Memkit::OobGC::HeapGrowth.eden_bytes, :<, allowed,
-                    "the growth should fill pages Ruby had allowed"
+    risen = pages.eden_bytes - held
+    assert_operator pages.page_bytes - pages.eden_bytes, :<, allowed, "the growth should fill pages Ruby had allowed"
     assert_operator risen, :>, 0
     assert_operator growth.grown_bytes, :>=, risen
     assert_equal 50_000, keep.size

@@ -163,7 +163,10 @@ module Memkit
       private
 
       # The object pages held and those Ruby allows, in bytes.
-      def footprint = [self.class.eden_bytes, self.class.page_bytes - self.class.eden_bytes]
+      def footprint
+        eden = self.class.eden_bytes
+        [eden, self.class.page_bytes - eden]
+      end
 
       # What the heap has grown by since `before` (#footprint): the pages it
       # holds beyond those it held, and the allowance beyond the one Ruby had
