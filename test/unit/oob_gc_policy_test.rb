@@ -602,6 +602,41 @@ class OobGCPolicyTest < Minitest::Test
     assert_operator plan.each_with_index.sum { |n, i| n * (40 << i) }, :<=, 4 << 20
   end
 
+  # Recorded on Ruby 3.4, "tiny" shape behind Puma, right after a GC: the
+  # main pool holds 191 requests, the 160-byte pool 358 and the 80-byte pool
+  # 1,100; the collector ran a GC every 190 requests where Ruby alone, its
+  # pools grown where they ran dry, ran one every 360.
+  def test_no_full_mark_raises_the_pool_that_runs_out_first_to_the_next_pools_level
+    policy = Policy::NoFullMark.new(init_slots: [10_000] * 5)
+    req = profile([1_557, 62, 209, 3, 0])
+    after_gc = pooled([[823_000, 525_000], [155_000, 86_000], [277_000, 202_000], [6_000, 3_000], [1_000, 0]])
+    held = ->(short) { [298_000 + short[0], 75_000 + short[2]].zip([1_557, 209]).map { |f, n| f.fdiv(n) } }
+    assert_equal 0, policy.growth_shortfall(after_gc, req, cover: 2.1)[0], "a young worker grows for `cover` only"
+    short = policy.growth_shortfall(after_gc, req, cover: 2.1, want: 10, spare: 64 << 20)
+    assert_in_delta held.(short)[1] - 1, held.(short)[0], 0.01, "all but one request of pool 2's level"
+    assert_equal [0, 0], [short[1], short[2]]
+    # Pool 3's few objects a request do not set the level (its 3,000 free
+    # slots hold 1,000 requests).
+    one_pool = pooled([[823_000, 525_000], [155_000, 155_000], [277_000, 277_000], [6_000, 3_000], [1_000, 0]])
+    bare = Policy::NoFullMark.new(init_slots: [10_000] * 5)
+    flat = profile([1_557, 0, 0, 3, 0])
+    assert_equal 0, bare.growth_shortfall(one_pool, flat, cover: 2.1, want: 10, spare: 64 << 20)[0]
+    # No further than Ruby's free share: 60% of the pool free after a GC.
+    roomy = pooled([[823_000, 525_000], [155_000, 86_000], [900_000, 100_000], [6_000, 3_000], [1_000, 0]])
+    capped = policy.growth_shortfall(roomy, req, cover: 2.1, want: 10, spare: 64 << 20)[0]
+    assert_in_delta (525_000 * 0.6 / 0.4) - 298_000, capped, 1
+    # Within the spare bytes it is given, and none without.
+    assert_equal (4 << 20) / 40, policy.growth_shortfall(after_gc, req, cover: 2.1, want: 10, spare: 4 << 20)[0]
+    assert_equal 0, policy.growth_shortfall(after_gc, req, cover: 2.1, want: 10)[0]
+    # Where the malloc limit brings a GC every 32 requests, no pool needs more.
+    mallocs = profile([1_557, 62, 209, 3, 0], malloc: 1 << 20)
+    assert_equal 0, Policy::NoFullMark.new(init_slots: [10_000] * 5, malloc_limit_max: 32 << 20)
+                                      .growth_shortfall(after_gc, mallocs, cover: 2.1, want: 10, spare: 64 << 20)[0]
+    pool, plan = policy.grow_by_allocation(after_gc, short, req, budget: 64 << 20, cover: 2.1)
+    assert_equal 0, pool
+    assert_operator plan[0], :>, 0
+  end
+
   # Recorded on Ruby 3.4, the Rails bench app under Unicorn: the 640-byte
   # pool held 1,624 slots, 249 of them live, below its 10,000 initial slots.
   # Ruby wants 20% of the larger of the two free, 2,000 slots, and asked for

@@ -54,7 +54,9 @@ module Memkit
       # has run since (the pages come as requests allocate).
       def plan(reading, profile, cover:, want:)
         count_dried
-        short = grow_freely(reading, @policy.growth_shortfall(reading, profile, cover: cover, want: want))
+        # Half the budget may go to levelling the pools (Policy#balance).
+        short = @policy.growth_shortfall(reading, profile, cover: cover, want: want, spare: @growth.budget / 2)
+        short = grow_freely(reading, short)
         settled = @dried_at.nil? || GC.count > @dried_at
         @pool, @plan = (@policy.grow_by_allocation(reading, short, profile, budget: @growth.budget, cover: cover) if settled)
       end

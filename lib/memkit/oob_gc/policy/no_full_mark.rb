@@ -220,11 +220,12 @@ module Memkit
         # 12-14 growths per worker in 8 seconds, p99 32-49 ms where it ran
         # 13-15 ms growing to the goal; docs/BENCHMARKS.md, "majors that free
         # nothing").
-        def growth_shortfall(reading, profile, cover:, want: cover)
+        def growth_shortfall(reading, profile, cover:, want: cover, spare: 0)
           own = own(reading)
           free = free_slots(own)
           objects = profile.objects
           short = shortfall(own, profile, cover: cover, want: want)
+          short = balance(own, short, free, profile, spare) if want > cover && spare.positive?
           reading.fetch(:heaps).each_with_index.map do |h, i|
             need = objects.fetch(i, 0)
             next short[i] unless need.positive?
@@ -235,6 +236,45 @@ module Memkit
             goal = ((GOAL_RATIO * slots_for_free_minimum(h, i)) - free[i]).fdiv(1 - GOAL_RATIO).ceil
             [short[i], under, goal].max
           end
+        end
+
+        # Share of a request's objects below which a pool's room does not
+        # count as a level to raise others to (#balance): a pool a request
+        # barely uses holds thousands of requests in a page or two.
+        BALANCE_SHARE = 0.01
+
+        # `short` with the pool that holds the fewest requests after a GC
+        # raised to all but one request of the next fewest, no further than
+        # Ruby's free share (MAX_FREE_SHARE) of its live objects, nor than
+        # the requests the malloc limit lets pass between GCs, and within
+        # `spare` bytes. The pool that runs out first sets how often GC runs;
+        # the room the others keep beyond it is paid for in RSS and idle.
+        # Ruby alone grows the pool that runs dry, so its pools come to hold
+        # about as many requests each; the collector's GCs come before any
+        # pool runs dry, and the pools stay as they were: on the "tiny" shape
+        # (3.4, Puma) the main pool held 190 requests, the 160-byte pool 360
+        # and the 80-byte pool 1,100, and the collector ran 1.5-2x Ruby
+        # alone's GC runs at 0.9x its RSS. Only `spare` bytes (part of the
+        # growth budget): where live objects keep growing, pools fall under
+        # Ruby's free minimum later and need the rest.
+        def balance(reading, short, free, profile, spare)
+          objects = profile.objects
+          total = objects.sum
+          used = objects.each_index.select { |i| objects[i] >= [total * BALANCE_SHARE, 1].max }
+          return short if used.size < 2
+
+          held = used.to_h { |i| [i, (free[i] + short[i]).fdiv(objects[i])] }
+          (pool, low), (_, next_low) = held.min_by(2) { |_i, h| h }
+          level = next_low - 1
+          level = [level, @malloc_limit_max.fdiv(profile.malloc)].min if profile.malloc.positive?
+          return short unless level > low
+
+          size = reading.fetch(:heaps).fetch(pool).fetch(:slot_size, BASE_SLOT_SIZE)
+          cap = (lives(reading).fetch(pool) * MAX_FREE_SHARE / (1 - MAX_FREE_SHARE)) - free[pool] - short[pool]
+          slots = [((level - low) * objects[pool]).ceil, cap.floor, spare / size].min
+          return short unless slots.positive?
+
+          short.dup.tap { |s| s[pool] += slots }
         end
 
         # Slots pool `index` (`heap`, `free` slots free after a GC) lacks to
