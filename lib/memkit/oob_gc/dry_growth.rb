@@ -54,7 +54,8 @@ module Memkit
       # has run since (the pages come as requests allocate).
       def plan(reading, profile, cover:, want:)
         count_dried
-        # Half the budget may go to levelling the pools (Policy#balance).
+        # Half the budget left may go to levelling the pools (Policy#balance),
+        # at each growth: the rest stays for pools that run short later.
         short = @policy.growth_shortfall(reading, profile, cover: cover, want: want, spare: @growth.budget / 2)
         short = grow_freely(reading, short)
         settled = @dried_at.nil? || GC.count > @dried_at
