@@ -263,8 +263,8 @@ module Memkit
           used = objects.each_index.select { |i| objects[i] >= [total * BALANCE_SHARE, 1].max }
           return short if used.size < 2
 
-          held = used.to_h { |i| [i, (free[i] + short[i]).fdiv(objects[i])] }
-          (pool, low), (_, next_low) = held.min_by(2) { |_i, h| h }
+          held = held(free.each_index.map { |i| free[i] + short[i] }, objects)
+          (pool, low), (_, next_low) = used.map { |i| [i, held[i]] }.min_by(2, &:last)
           level = next_low - 1
           level = [level, @malloc_limit_max.fdiv(profile.malloc)].min if profile.malloc.positive?
           return short unless level > low
