@@ -46,8 +46,9 @@ module Memkit
       # policy's margins, the profile's version, and whether the GC due next
       # would be a minor with oldmalloc still `oldmalloc_room` bytes short of
       # its limit.
-      # learned: the profile's [objects, malloc] the margins were taken with.
-      Quiet = Struct.new(:count, :base, :total, :malloc, :margins, :version, :learned, :minor, :oldmalloc_room)
+      # learned: the profile's [objects, malloc] the margins were taken with;
+      # need: the major Ruby had asked for then (need_major_by), if any.
+      Quiet = Struct.new(:count, :base, :total, :malloc, :margins, :version, :learned, :minor, :oldmalloc_room, :need)
 
       # Whether GC.latest_gc_info says when Ruby has asked for a major (3.3+).
       NEED_MAJOR = GC.latest_gc_info.key?(:need_major_by)
@@ -345,7 +346,7 @@ module Memkit
         q = @quiet or return false
         return false unless count == q.count && (q = relearned(q))
         # Ruby may ask for a major at the end of a lazy sweep, with no GC run.
-        return false if major_asked?(count)
+        return false if major_asked?(q)
 
         q.margins.holds?(now, q.base, malloc - q.malloc)
       end
@@ -357,7 +358,7 @@ module Memkit
         q = @quiet or return false
         count = GC.count
         return false unless count == q.count && (q = relearned(q))
-        return false if major_asked?(count)
+        return false if major_asked?(q)
 
         malloc = GC.stat(:malloc_increase_bytes)
         least = q.margins.least
@@ -374,17 +375,23 @@ module Memkit
       def minor_at_most?
         q = @quiet or return false
         return false unless q.minor && GC.count == q.count
-        return false if major_asked?(q.count)
+        return false if major_asked?(q)
 
         GC.stat(:malloc_increase_bytes) - q.malloc <= q.oldmalloc_room
       end
 
-      # Whether Ruby asks for a major the policy has not turned down, at GC
-      # `count` (3.3+; 3.1 does not say).
-      def major_asked?(count)
+      # Whether Ruby asks for a major (3.3+; 3.1 does not say) that the
+      # policy has not turned down, or that it had not asked for at the
+      # reading of the quiet stretch `q`: a major turned down still changes
+      # what Ruby lets the requests allocate (Policy::NoFullMark#kept_back),
+      # so the margins are taken again. Turned down by a reading the
+      # middleware took mid-request (#major_next?), the quiet stretch kept
+      # margins from before: on the "cache" shape (3.4, Puma) GCs inside
+      # requests with the policy finding a minor due.
+      def major_asked?(q)
         return false unless NEED_MAJOR && (need = GC.latest_gc_info(:need_major_by))
 
-        !@policy.declined?(need, count)
+        need != q.need || !@policy.declined?(need, q.count)
       end
 
       # The quiet stretch `q`, its margins moved to what the profile has
@@ -416,7 +423,8 @@ module Memkit
         @quiet = Quiet.new(stat.fetch(:count), base, stat.fetch(:total_allocated_objects),
                            stat.fetch(:malloc_increase_bytes), margins, @profile.version,
                            [@profile.objects, @profile.malloc], @policy.kind(reading) == :minor,
-                           stat.fetch(:oldmalloc_increase_bytes_limit) - stat.fetch(:oldmalloc_increase_bytes))
+                           stat.fetch(:oldmalloc_increase_bytes_limit) - stat.fetch(:oldmalloc_increase_bytes),
+                           reading.fetch(:info)[:need_major_by])
       end
 
       # Returns how many GCs it ran. `headroom`: the one #decide found the
@@ -454,7 +462,7 @@ module Memkit
         reading = finish_sweep(reading)
         @policy.collecting(reading, kind)
         majors = GC.stat(:major_gc_count)
-        ran = kind == :minor && @dry&.run_due_minor(reading)
+        ran = kind == :minor && @dry&.run_due_minor(reading, @profile)
         ran ||= kind == :minor && lazy && @policy.malloc_due?(reading, @profile, headroom: headroom) &&
                 overrun_malloc(reading)
         GC.start(full_mark: kind == :major, immediate_sweep: !lazy) unless ran
