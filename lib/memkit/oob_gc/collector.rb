@@ -504,23 +504,19 @@ module Memkit
         if @no_full_mark
           # Ruby 3.4's growth by running a pool dry: bounded by pages, at a
           # share of the RSS when the heap is first sized, and again, beyond
-          # the first, `regrow_after` requests later, when the heap grows for
-          # `want` requests. Taken once, the share was spent holding a young
-          # worker's next requests: on the "large" shape 1.3x Ruby alone's GC
-          # runs with 0.94x its RSS. A worker whose first GC comes after
-          # `regrow_after` requests took both at once, and the second in place
-          # of the first where the first was planned but not yet taken: on
-          # "tiny" behind Puma (a GC every 230 requests) the budget went to
-          # pools under Ruby's free minimum, with none left for the main pool,
-          # the one that ran out first (1.4x no OobGC's GC runs). Measured RSS
-          # (RssBudget) stopped it on the app that mallocs 8 MB per request,
-          # whose RSS swings by more than the bound between GCs: 328 GCs
-          # where this ran 160 (docs/BENCHMARKS.md, "OobGC on the Rails app").
-          if @bounded.nil? || (@bounded == :young && @seen - @bounded_at >= @regrow_after)
+          # what it has grown by then, once the worker has served
+          # `regrow_after` requests and the heap grows for `want` of them.
+          # Taken once, the share was spent holding a young worker's next
+          # requests: on the "large" shape 1.3x Ruby alone's GC runs with
+          # 0.94x its RSS. Measured RSS (RssBudget) stopped it on the app that
+          # mallocs 8 MB per request, whose RSS swings by more than the bound
+          # between GCs: 328 GCs where this ran 160 (docs/BENCHMARKS.md,
+          # "OobGC on the Rails app").
+          stage = @seen >= @regrow_after ? :warm : :young
+          unless @bounded == stage
+            @bounded = stage
             rss = HeapGrowth.rss
-            @bounded ? @growth.allow_more((rss * RSS_SHARE).to_i) : @growth.allow((rss * RSS_SHARE).to_i) if rss
-            @bounded = @bounded ? :warm : :young
-            @bounded_at = @seen
+            @growth.allow((rss * RSS_SHARE).to_i) if rss
           end
         elsif @rss_top
           @growth.allow(@rss_budget.bytes(@rss_top, @growth.grown_bytes))

@@ -75,13 +75,6 @@ module Memkit
         @allowed = @grown_bytes + [bytes, 0].max
       end
 
-      # Allows `bytes` beyond what was allowed so far, spent or not: growth
-      # planned is counted only once its pages are taken, which can be
-      # several GCs later.
-      def allow_more(bytes)
-        @allowed = [@allowed || 0, @grown_bytes].max + [bytes, 0].max
-      end
-
       # This process's resident set, in bytes (nil where /proc is missing).
       def self.rss
         Memkit.rss
