@@ -574,6 +574,65 @@ class OobGCTest < Minitest::Test
     assert_operator stats.outside_ratio, :>=, 0.9, stats.to_h
   end
 
+  # A :nofree major the policy turned down stays pending until Ruby's next
+  # GC, and GC.start turns full marks back on while it runs: an out-of-band
+  # minor by GC.start would run that major. The collector runs that minor as
+  # Ruby's own instead, by running the pool that runs out first dry.
+  def test_the_minor_due_under_a_major_turned_down_stays_a_minor
+    unless GC.respond_to?(:config) && GC.config.key?(:rgengc_allow_full_mark)
+      skip "GC.config(rgengc_allow_full_mark:) needs Ruby 3.4+"
+    end
+
+    in_fresh_process { the_minor_due_under_a_major_turned_down_stays_a_minor }
+  end
+
+  def the_minor_due_under_a_major_turned_down_stays_a_minor
+    GC.config(rgengc_allow_full_mark: false)
+    reading = -> { Memkit::OobGC::Collector.reading }
+    profile = Memkit::OobGC::Profile.new
+    40.times { profile.record([2_000, 0, 0, 0, 0], 0) }
+    policy = Memkit::OobGC::Policy::NoFullMark.new
+    old = Array.new(300_000) { Object.new }
+    policy.observe(reading.())
+    policy.decide(reading.(), profile) # learns the profile's objects per pool
+    # A major that frees nothing: :nofree majors are turned down from here.
+    policy.collected(:minor, reading.())
+    policy.collecting(reading.(), :major)
+    GC.start(full_mark: true, immediate_sweep: true)
+    policy.collected(:major, reading.())
+    # Minors until one leaves the 40-byte pool under Ruby's 20% free minimum
+    # more than RVALUE_OLD_AGE GCs after that major: Ruby asks for a :nofree
+    # major (bench/gc_pooled_share_probe.rb). Young objects, one in ten
+    # garbage, on pages added as they come, where the heap has room.
+    young = []
+    8.times do |round|
+      break if GC.latest_gc_info(:need_major_by)
+
+      if round >= 3
+        GC.disable
+        300_000.times { |i| o = Object.new; young << o unless (i % 10).zero? }
+        GC.enable
+      end
+      GC.start(full_mark: false, immediate_sweep: true)
+      policy.collected(:minor, reading.())
+    end
+    asked = reading.()
+    policy.observe(asked) # as the collector does at each reading
+    assert_equal :nofree, asked.fetch(:info)[:need_major_by], "the heap did not make Ruby ask for a major"
+    refute policy.major_asked?(asked), "turned down"
+    assert policy.turned_down?(asked)
+    assert_operator policy.kept_back(asked).fetch(0), :>, 0
+
+    count = GC.count
+    majors = GC.stat(:major_gc_count)
+    dry = Memkit::OobGC::DryGrowth.new(policy: policy, growth: Memkit::OobGC::HeapGrowth.new(max_bytes: 0))
+    assert dry.run_due_minor(asked, profile), "Ruby collected"
+    assert_equal count + 1, GC.count
+    assert_equal majors, GC.stat(:major_gc_count), "the minor stayed a minor"
+    assert_equal :newobj, GC.latest_gc_info(:gc_by)
+    assert_operator old.size + young.size, :>, 0
+  end
+
   # A growth by running a pool dry fills the pools with objects dropped at
   # once, so that they take the pages Ruby allowed. At the next GC those
   # fillers are garbage: mid-sweep, the policy must not count them as live,

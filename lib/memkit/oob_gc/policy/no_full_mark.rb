@@ -115,6 +115,10 @@ module Memkit
         def observe(reading, allocated_before: nil)
           @baseline ||= available(reading)
           @allocated_at_major ||= reading.fetch(:stat).fetch(:total_allocated_objects)
+          # After a GC of Ruby's own (inside a request, or for malloc'd bytes),
+          # #kept_back counts from the first reading since.
+          count = reading.fetch(:stat).fetch(:count)
+          @swept_free = [count, free_slots(own(reading))] unless @swept_free&.first == count
         end
 
         # Ruby asks for a `:nofree` major when a minor's sweep leaves a pool
