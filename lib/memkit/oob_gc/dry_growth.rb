@@ -83,7 +83,8 @@ module Memkit
         return @dried = run_dry(pool, reading) if pool
 
         @dried = false
-        @policy.turned_down?(reading) && run_dry(@policy.runs_out_first(reading, profile), reading)
+        pool = @policy.runs_out_first(reading, profile) if @policy.turned_down?(reading)
+        pool ? run_dry(pool, reading) : false
       end
 
       # After the GC #run_due_minor ran, once the policy has seen the heap as

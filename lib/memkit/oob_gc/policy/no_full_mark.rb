@@ -48,7 +48,7 @@ module Memkit
           @garbage_rate = nil # old garbage a major found, per object allocated since the one before
           @declined_at = nil # GC count at which a :nofree major was turned down
           @settled = false # whether the request profile had settled at a #decide
-          @swept_free = nil # [GC count, free slots per pool] after the latest GC this process ran
+          @swept_free = nil # [GC count, free slots per pool] after the latest GC (#kept_back)
         end
 
         # Ruby looks at oldmalloc only at the end of a minor GC; with full
