@@ -550,7 +550,7 @@ module Memkit
           starving = @policy.shortfall(reading, @profile, cover: @cover).any?(&:positive?)
           added = @growth.grow(short, @policy, rounds: starving ? HeapGrowth::ROUNDS : 1,
                                                one_past: @policy.cramped?(reading, @profile),
-                                               order: driest_first(reading))
+                                               order: @policy.driest_first(reading, @profile.objects))
           if added
             Counters.grew(added)
             after = self.class.reading
@@ -563,15 +563,6 @@ module Memkit
             @regrow_wait = @refused ? @regrow_wait * 2 : @regrow_after
           end
         end
-      end
-
-      # Pool indices by how many requests their free slots hold, fewest
-      # first. Grown in index order, the main pool (0) could take the whole
-      # budget and leave the pool that runs dry first as it was: on 3.3 a GC
-      # every 2 requests where Ruby alone ran one every 3.
-      def driest_first(reading)
-        held = @policy.held(@policy.free(reading), @profile.objects)
-        held.each_index.sort_by { |i| [held[i], i] }
       end
 
       # Runs the GC due for malloc'd bytes as Ruby's own: mallocs (without

@@ -155,8 +155,8 @@ module Memkit
 
         # The pool a request uses whose free slots hold the fewest requests.
         def runs_out_first(reading, profile)
-          held = held(free(reading), profile.objects)
-          held.each_index.select { |i| profile.objects.fetch(i, 0).positive? }.min_by { |i| held[i] }
+          objects = profile.objects
+          driest_first(reading, objects).find { |i| objects.fetch(i, 0).positive? }
         end
 
         # How the collector should grow the heap, instead of calling
