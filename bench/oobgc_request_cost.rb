@@ -31,7 +31,7 @@ def child(mode, requests)
   inside = after = 0.0
   base = nil
   (100 + requests).times do |i|
-    base = [GC.count, GC.stat(:major_gc_count), faults.call] if i == 100
+    base = [GC.count, GC.stat(:major_gc_count), faults.call, GC.stat(:time)] if i == 100
     env = { "rack.after_reply" => [] }
     started = clock.call
     _, _, body = app.call(env)
@@ -45,9 +45,9 @@ def child(mode, requests)
     after += clock.call - served
   end
   rss = File.read("/proc/self/status")[/VmRSS:\s+(\d+)/, 1].to_i >> 10
-  format("%-15s %8.2f %8.2f %8.2f %5d %6d %9d %6d", mode, inside * 1000 / requests, after * 1000 / requests,
-         (inside + after) * 1000 / requests, GC.count - base[0], GC.stat(:major_gc_count) - base[1],
-         faults.call - base[2], rss)
+  format("%-15s %8.2f %8.2f %8.2f %8.3f %5d %6d %9d %6d", mode, inside * 1000 / requests, after * 1000 / requests,
+         (inside + after) * 1000 / requests, (GC.stat(:time) - base[3]).fdiv(requests), GC.count - base[0],
+         GC.stat(:major_gc_count) - base[1], faults.call - base[2], rss)
 end
 
 if ENV["OOBGC_COST_CHILD"]
@@ -60,7 +60,7 @@ modes = ARGV[1] ? ARGV[1].split(",") : MODES
 shape = ENV.select { |k, _| k.start_with?("OOBGC_") }.map { |k, v| "#{k}=#{v}" }.join(" ")
 puts "oobgc request cost: #{RUBY_DESCRIPTION}; #{shape.empty? ? 'default shape' : shape}; " \
      "#{requests} requests after 100"
-puts format("%-15s %8s %8s %8s %5s %6s %9s %6s", "mode", "in_ms", "after_ms", "total_ms", "gc", "majors",
+puts format("%-15s %8s %8s %8s %8s %5s %6s %9s %6s", "mode", "in_ms", "after_ms", "total_ms", "gc_ms", "gc", "majors",
             "minflt", "rss_MB")
 lines = modes.map do |mode|
   out = IO.popen({ "OOBGC_COST_CHILD" => mode }, [RbConfig.ruby, "-I#{File.expand_path('../lib', __dir__)}",

@@ -636,6 +636,76 @@ class OobGCTest < Minitest::Test
     assert_operator old.size + young.size, :>, 0
   end
 
+  # Ruby 3.4 counts the pages it allows in slots of whichever pool takes a
+  # page, so an allowance a 160-byte pool may take is worth four times its
+  # count in 40-byte slots. After a growth of that pool, what Ruby still
+  # allows is worth no more than the budget left, in that pool's slots: the
+  # pool just filled runs out first and would take the rest.
+  def test_a_growth_leaves_no_allowance_past_the_budget_in_the_pool_it_filled
+    unless GC.respond_to?(:config) && GC.config.key?(:rgengc_allow_full_mark)
+      skip "GC.config(rgengc_allow_full_mark:) needs Ruby 3.4+"
+    end
+
+    in_fresh_process { a_growth_leaves_no_allowance_past_the_budget_in_the_pool_it_filled }
+  end
+
+  # The plan Policy::NoFullMark would make for a heap short in one pool:
+  # `slots` more for pool `index`, grown by running that pool dry.
+  class OnePoolPlan
+    def initialize(index, slots)
+      @index = index
+      @slots = slots
+    end
+
+    def growth_shortfall(reading, _profile, **) = Array.new(reading.fetch(:heaps).size, 0)
+
+    def grow_by_allocation(reading, _short, _profile, **)
+      [@index, Array.new(reading.fetch(:heaps).size, 0).tap { |plan| plan[@index] = @slots }]
+    end
+
+    def free(reading)
+      reading.fetch(:heaps).map do |h|
+        h.fetch(:heap_eden_slots) - (h.fetch(:total_allocated_objects) - h.fetch(:total_freed_objects))
+      end
+    end
+
+    def kept_back(_reading) = []
+    def turned_down?(_reading) = false
+    def collected(_kind, _reading) = nil
+  end
+
+  def a_growth_leaves_no_allowance_past_the_budget_in_the_pool_it_filled
+    GC.config(rgengc_allow_full_mark: false)
+    pool = 2
+    size = GC.stat_heap(pool, :slot_size)
+    length = Memkit::OobGC::HeapGrowth.filler_length(pool)
+    kept = Array.new(200_000) { Array.new(length) }
+    profile = Memkit::OobGC::Profile.new
+    40.times { profile.record([10, 0, 1_000, 0, 0], 0) }
+    growth = Memkit::OobGC::HeapGrowth.new(max_bytes: 10 << 20)
+    plan = 10_000
+    dry = Memkit::OobGC::DryGrowth.new(policy: OnePoolPlan.new(pool, plan), growth: growth)
+    # No pages allowed before the growth's own: those of an earlier GC are
+    # taken by the 40-byte pool, with garbage.
+    GC.start(full_mark: false)
+    GC.disable
+    Object.new while GC.stat(:heap_allocatable_slots).positive?
+    reading = Memkit::OobGC::Collector.reading
+    dry.plan(reading, profile, cover: 2, want: 2)
+    eden = GC.stat_heap(pool, :heap_eden_slots)
+    GC.enable
+    assert_equal 0, GC.stat(:heap_allocatable_slots)
+
+    assert dry.run_due_minor(reading, profile), "Ruby collected"
+    allowed = GC.stat(:heap_allocatable_slots)
+    assert_operator allowed * Memkit::OobGC::Policy::SizePools::BASE_SLOT_SIZE, :<, growth.budget - (plan * size),
+                    "in 40-byte slots, the allowance would look within the budget"
+    dry.take_dried
+    assert_operator GC.stat_heap(pool, :heap_eden_slots) - eden, :>=, plan, "the pool took its plan"
+    assert_operator GC.stat(:heap_allocatable_slots) * size, :<=, growth.budget
+    assert_equal 200_000, kept.size
+  end
+
   # A growth by running a pool dry fills the pools with objects dropped at
   # once, so that they take the pages Ruby allowed. At the next GC those
   # fillers are garbage: mid-sweep, the policy must not count them as live,

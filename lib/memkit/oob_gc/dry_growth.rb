@@ -45,6 +45,7 @@ module Memkit
         @dry_base = nil # eden bytes before the first growth
         @dried_at = nil # GC.count after the last growth
         @dried = false # whether #run_due_minor ran a GC #take_dried has not followed up
+        @largest = Policy::SizePools::BASE_SLOT_SIZE # the largest slot a request allocates in
       end
 
       # After a GC (`reading`): counts what the last growth added, grows
@@ -54,6 +55,9 @@ module Memkit
       # has run since (the pages come as requests allocate).
       def plan(reading, profile, cover:, want:)
         count_dried
+        heaps = reading.fetch(:heaps)
+        used = heaps.each_index.select { |i| profile.objects.fetch(i, 0).positive? }
+        @largest = used.map { |i| heaps[i].fetch(:slot_size) }.max || Policy::SizePools::BASE_SLOT_SIZE
         # Half the budget left may go to levelling the pools (Policy#balance),
         # at each growth: the rest stays for pools that run short later.
         short = @policy.growth_shortfall(reading, profile, cover: cover, want: want, spare: @growth.budget / 2)
@@ -234,9 +238,7 @@ module Memkit
         return unless slots.positive?
 
         size = GC.stat_heap(index, :slot_size)
-        # Ruby counts the pages it allows in slots of the smallest size.
-        allowed = GC.stat(:heap_allocatable_slots) * Policy::SizePools::BASE_SLOT_SIZE / size
-        allowed = [slots, allowed, @growth.budget / size].min
+        allowed = [slots, GC.stat(:heap_allocatable_slots), @growth.budget / size].min
         fill_past(index, allowed) if allowed.positive?
       end
 
@@ -244,8 +246,15 @@ module Memkit
       # runs out first during the next requests, all charged to the growth
       # budget: on the "large" shape 164,000 slots of the main pool, beyond
       # what the plan chose, spent the rest of the budget, and on Puma the
-      # heap grew 80 MB (RSS 1.4x no OobGC) where the bound was 64. Where
-      # they are more than the `budget` bytes left, a minor GC that
+      # heap grew 80 MB (RSS 1.4x no OobGC) where the bound was 64. Ruby
+      # counts them in slots of whichever pool takes a page (a 160-byte
+      # pool's page uses up 409, a 40-byte pool's 1,638; 3.4.11), and the
+      # pools #take_plan just filled run out first: so they are worth the
+      # largest slot a request allocates in. Counted in 40-byte slots, they
+      # stayed on the "tiny" shape (3.4): the 160-byte pool took 12 MB more
+      # than the plan, and the main pool, which runs out first, grew less
+      # than Ruby alone's (GC every 300 requests where Ruby's ran every 360).
+      # Where they are more than the `budget` bytes left, a minor GC that
       # allocation did not start takes them back (and frees #take_pages'
       # fillers), and the policy is told of it. Not while Ruby asks for a
       # major: one the collector runs takes them back too, and where the
@@ -254,7 +263,7 @@ module Memkit
       # growths per worker in 8 seconds where they grew 6 times (Ruby 3.4,
       # Puma). Returns whether it ran that GC.
       def drop_allowance(budget)
-        allowed = GC.stat(:heap_allocatable_slots) * Policy::SizePools::BASE_SLOT_SIZE
+        allowed = GC.stat(:heap_allocatable_slots) * @largest
         return unless allowed > budget
         return if GC.latest_gc_info(:need_major_by)
 

@@ -140,7 +140,8 @@ module Memkit
       end
 
       # Bytes of the object pages the heap holds now, and of those Ruby has
-      # decided to add as allocation needs them (what it costs in RSS).
+      # decided to add as allocation needs them (what it costs in RSS; 3.4's
+      # shared allowance counted as 40-byte slots, its least).
       def self.page_bytes
         stat = GC.stat
         pages = stat.fetch(:heap_eden_pages) + stat.fetch(:heap_allocatable_pages, 0)

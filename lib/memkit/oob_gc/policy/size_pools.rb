@@ -55,8 +55,9 @@ module Memkit
 
         # Free slots per pool: the pool's slots less its live objects, plus
         # the pages it may still add without collecting (per pool up to 3.3;
-        # 3.4 keeps one count of allocatable slots, in base-size slots, that
-        # every pool draws from).
+        # 3.4 keeps one count of allocatable slots that every pool draws
+        # from, a page's slots at a time whatever their size: counted as
+        # 40-byte slots, the share any pool is sure of).
         def live(reading) = lives(reading).sum
 
         # Per pool a request allocates in, the slots on the pages it has, in
