@@ -3,8 +3,9 @@
 # What a request costs in one process, GC included, with and without
 # Memkit::OobGC: bench/oobgc_app.rb's request served as a server would
 # (rack.after_reply after the response), timed inside the request and after
-# it, with the GC runs, majors and page faults. For a shape where a real
-# server's throughput is off (bench/oobgc_matrix.rb), without the server.
+# it, with the GC time (GC.stat(:time)), GC runs, majors and page faults. For
+# a shape where a real server's throughput is off (bench/oobgc_matrix.rb),
+# without the server.
 #
 #   OOBGC_ROWS=300 OOBGC_MALLOC_KB=8192 ruby -Ilib bench/oobgc_request_cost.rb [requests] [modes]
 #   script/ruby34 env OOBGC_ROWS=300 OOBGC_MALLOC_KB=8192 ruby -Ilib bench/oobgc_request_cost.rb
