@@ -503,15 +503,19 @@ module Memkit
       def grow(reading)
         if @no_full_mark
           # Ruby 3.4's growth by running a pool dry: bounded by pages, at a
-          # share of the RSS when the heap is first sized, and again, beyond
-          # what it has grown by then, once the worker has served
-          # `regrow_after` requests and the heap grows for `want` of them.
-          # Taken once, the share was spent holding a young worker's next
-          # requests: on the "large" shape 1.3x Ruby alone's GC runs with
-          # 0.94x its RSS. Measured RSS (RssBudget) stopped it on the app that
-          # mallocs 8 MB per request, whose RSS swings by more than the bound
-          # between GCs: 328 GCs where this ran 160 (docs/BENCHMARKS.md,
-          # "OobGC on the Rails app").
+          # share of the RSS when the heap is first sized, and again once the
+          # worker has served `regrow_after` requests and the heap grows for
+          # `want` of them, beyond what it has grown by then. A growth's pages
+          # count only once taken (DryGrowth#plan), so where the first share
+          # is not yet counted the second takes its place; added on top of it,
+          # the second share cost p99 and passed the RSS line on "large"
+          # (docs/BENCHMARKS.md, "the second growth share on top of the
+          # first"). Taken once, the share was spent holding a young worker's
+          # next requests: on the "large" shape 1.3x Ruby alone's GC runs
+          # with 0.94x its RSS. Measured RSS (RssBudget) stopped it on the app
+          # that mallocs 8 MB per request, whose RSS swings by more than the
+          # bound between GCs: 328 GCs where this ran 160
+          # (docs/BENCHMARKS.md, "OobGC on the Rails app").
           stage = @seen >= @regrow_after ? :warm : :young
           unless @bounded == stage
             @bounded = stage

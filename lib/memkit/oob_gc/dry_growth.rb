@@ -55,9 +55,10 @@ module Memkit
       # has run since (the pages come as requests allocate).
       def plan(reading, profile, cover:, want:)
         count_dried
-        heaps = reading.fetch(:heaps)
-        used = heaps.each_index.select { |i| profile.objects.fetch(i, 0).positive? }
-        @largest = used.map { |i| heaps[i].fetch(:slot_size) }.max || Policy::SizePools::BASE_SLOT_SIZE
+        sizes = reading.fetch(:heaps).each_with_index.filter_map do |h, i|
+          h.fetch(:slot_size) if profile.objects.fetch(i, 0).positive?
+        end
+        @largest = sizes.max || Policy::SizePools::BASE_SLOT_SIZE
         # Half the budget left may go to levelling the pools (Policy#balance),
         # at each growth: the rest stays for pools that run short later.
         short = @policy.growth_shortfall(reading, profile, cover: cover, want: want, spare: @growth.budget / 2)
