@@ -689,8 +689,13 @@ class OobGCPolicyTest < Minitest::Test
     policy = Policy::NoFullMark.new(init_slots: [10_000] * 5)
     short = policy.growth_shortfall(after_gc, req, cover: 2.1)
     assert_operator short[4], :>=, 2_000 + 48 - (1_624 - 249)
-    assert_equal ((4_000 - (1_624 - 249)) / 0.6).ceil, short[4], "to Ruby's free goal of its initial slots"
+    assert_equal 4_000 - (1_624 - 249), short[4], "to Ruby's free goal of its initial slots, 40% of 10,000"
     assert_equal 0, short[3], "6,457 free: above 2,000"
+    # Grown past its initial slots, the pool keeps the goal of its new size.
+    full = pooled([[309_478, 154_774], [70_378, 28_592], [88_716, 14_921], [6_926, 469], [9_000, 8_500]])
+    grown = policy.growth_shortfall(full, req, cover: 2.1)[4]
+    assert_in_delta 0.4, (500 + grown).fdiv(9_000 + grown), 0.001
+    assert_operator 9_000 + grown, :>, 10_000
     assert policy.grows_freely?(after_gc, 4, short[4]), "below its initial slots: pages with no GC"
     refute policy.grows_freely?(after_gc, 4, 9_000)
     refute policy.grows_freely?(after_gc, 0, 1)
@@ -713,8 +718,8 @@ class OobGCPolicyTest < Minitest::Test
     policy = Policy::NoFullMark.new(init_slots: [10_000] * 5)
     assert_nil policy.decide(pooled(heaps), req)
     assert_equal 26 + (10_000 - 6_926), policy.free(pooled(heaps))[3]
-    assert_equal ((4_000 - 26) / 0.6).ceil, policy.growth_shortfall(pooled(heaps), req, cover: 2.1)[3],
-                 "the pool's own free slots, short of Ruby's minimum: to its free goal"
+    assert_equal (((6_926 * 0.4) - 26) / 0.6).ceil, policy.growth_shortfall(pooled(heaps), req, cover: 2.1)[3],
+                 "the pool's own free slots, short of Ruby's minimum: to its free goal, past its initial slots"
     at_init = Policy::NoFullMark.new(init_slots: [10_000, 10_000, 10_000, 6_926, 1_624])
     assert_equal :minor, at_init.decide(pooled(heaps), req)
   end
