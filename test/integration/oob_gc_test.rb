@@ -702,14 +702,75 @@ class OobGCTest < Minitest::Test
     assert_equal 0, GC.stat(:heap_allocatable_slots)
 
     assert dry.run_due_minor(reading, profile), "Ruby collected"
+    assert_nil GC.latest_gc_info(:need_major_by), "the growth's GC asked for no major"
     allowed = GC.stat(:heap_allocatable_slots)
     assert_operator allowed * Memkit::OobGC::Policy::SizePools::BASE_SLOT_SIZE, :<, growth.budget - (plan * size),
                     "in 40-byte slots, the allowance would look within the budget"
-    dry.take_dried
-    assert_nil GC.latest_gc_info(:need_major_by)
+    dry.take_dried(profile)
     assert_operator GC.stat_heap(pool, :heap_eden_slots) - eden, :>=, plan, "the pool took its plan"
     assert_operator GC.stat(:heap_allocatable_slots) * size, :<=, growth.budget
     assert_equal 195_000, kept.size
+  end
+
+  # A growth whose plan is more than Ruby allows fills the pool with
+  # objects dropped at once, and leaves no page to take: the next request's
+  # first allocation there would start Ruby's own GC, which grows the heap
+  # by Ruby's goal. The minor that frees the fillers runs with the growth.
+  def test_a_growth_that_takes_every_page_allowed_frees_its_fillers
+    unless GC.respond_to?(:config) && GC.config.key?(:rgengc_allow_full_mark)
+      skip "GC.config(rgengc_allow_full_mark:) needs Ruby 3.4+"
+    end
+
+    in_fresh_process { a_growth_that_takes_every_page_allowed_frees_its_fillers }
+  end
+
+  # Policy::NoFullMark, with a plan of `slots` more for pool `index`.
+  class PlannedNoFullMark < Memkit::OobGC::Policy::NoFullMark
+    def initialize(index, slots)
+      super()
+      @plan = OnePoolPlan.new(index, slots)
+    end
+
+    def growth_shortfall(...) = @plan.growth_shortfall(...)
+    def grow_by_allocation(...) = @plan.grow_by_allocation(...)
+  end
+
+  def a_growth_that_takes_every_page_allowed_frees_its_fillers
+    GC.config(rgengc_allow_full_mark: false)
+    pool = 2
+    length = Memkit::OobGC::HeapGrowth.filler_length(pool)
+    # A quarter of the pool garbage, as in the test above: no major asked.
+    kept = Array.new(80_000) { |i| Array.new(length) if (i % 4).positive? }.compact
+    profile = Memkit::OobGC::Profile.new
+    40.times { profile.record([10, 0, 1_000, 0, 0], 0) }
+    growth = Memkit::OobGC::HeapGrowth.new(max_bytes: 64 << 20)
+    # Ruby allows a pool of n slots at most 0.8 n more (growth factor 1.8).
+    plan = GC.stat_heap(pool, :heap_eden_slots)
+    dry = Memkit::OobGC::DryGrowth.new(policy: PlannedNoFullMark.new(pool, plan), growth: growth)
+    # Within RVALUE_OLD_AGE GCs of a major, a pool left short grows instead
+    # of asking for a major, which would keep the fillers (DryGrowth#minor).
+    GC.start(full_mark: true)
+    GC.disable
+    Object.new while GC.stat(:heap_allocatable_slots).positive?
+    reading = Memkit::OobGC::Collector.reading
+    dry.plan(reading, profile, cover: 2, want: 2)
+    eden = GC.stat_heap(pool, :heap_eden_slots)
+    GC.enable
+
+    assert dry.run_due_minor(reading, profile), "Ruby collected"
+    assert_nil GC.latest_gc_info(:need_major_by), "the growth's GC asked for no major"
+    allowed = GC.stat(:heap_allocatable_slots)
+    assert_operator allowed, :<, plan, "Ruby allowed less than the plan"
+    count = GC.count
+    dry.take_dried(profile)
+    assert_operator GC.stat_heap(pool, :heap_eden_slots) - eden, :>=, allowed / 2, "the pool took the pages"
+    assert_equal count + 1, GC.count, "the fillers' minor ran with the growth"
+    assert_equal :method, GC.latest_gc_info(:gc_by)
+    count = GC.count
+    request = Array.new(1_000) { Array.new(length) }
+    assert_equal count, GC.count, "the next request ran with no GC"
+    assert_equal 60_000, kept.size
+    assert_equal 1_000, request.size
   end
 
   # A growth by running a pool dry fills the pools with objects dropped at

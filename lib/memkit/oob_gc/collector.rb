@@ -471,7 +471,7 @@ module Memkit
         kind = :major if ran && GC.stat(:major_gc_count) != majors
         Counters.record(kind == :major, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
         @policy.collected(kind, self.class.reading)
-        @dry&.take_dried
+        @dry&.take_dried(@profile)
       end
 
       # Ruby finishes the last GC's lazy sweep before it starts the next, and
