@@ -673,6 +673,8 @@ class OobGCTest < Minitest::Test
 
     def kept_back(_reading) = []
     def turned_down?(_reading) = false
+    def reads_sweep?(_reading, _kind, _apart) = false
+    def collecting(_reading, _kind) = nil
     def collected(_kind, _reading) = nil
   end
 
@@ -771,6 +773,49 @@ class OobGCTest < Minitest::Test
     assert_equal count, GC.count, "the next request ran with no GC"
     assert_equal 60_000, kept.size
     assert_equal 1_000, request.size
+  end
+
+  # Once the pools have taken a growth's bytes, a minor takes back what
+  # Ruby allowed past them. Requests after the growth, it leaves its sweep to
+  # the next ones, as an out-of-band minor does, where swept at once it held
+  # the next request for the whole sweep.
+  def test_the_minor_that_ends_a_growth_sweeps_lazily
+    unless GC.respond_to?(:config) && GC.config.key?(:rgengc_allow_full_mark)
+      skip "GC.config(rgengc_allow_full_mark:) needs Ruby 3.4+"
+    end
+
+    in_fresh_process { the_minor_that_ends_a_growth_sweeps_lazily }
+  end
+
+  def the_minor_that_ends_a_growth_sweeps_lazily
+    GC.config(rgengc_allow_full_mark: false)
+    pool = 2
+    length = Memkit::OobGC::HeapGrowth.filler_length(pool)
+    kept = Array.new(80_000) { |i| Array.new(length) if (i % 4).positive? }.compact
+    profile = Memkit::OobGC::Profile.new
+    40.times { profile.record([10, 0, 1_000, 0, 0], 0) }
+    # A plan past what one growth fills at once: the pool takes the pages as
+    # it needs them, up to the budget.
+    policy = PlannedNoFullMark.new(pool, Memkit::OobGC::DryGrowth::FILL_SLOTS * 2)
+    dry = Memkit::OobGC::DryGrowth.new(policy: policy, growth: Memkit::OobGC::HeapGrowth.new(max_bytes: 2 << 20))
+    GC.start(full_mark: true)
+    GC.disable
+    Object.new while GC.stat(:heap_allocatable_slots).positive?
+    reading = Memkit::OobGC::Collector.reading
+    dry.plan(reading, profile, cover: 2, want: 2)
+    GC.enable
+    assert dry.run_due_minor(reading, profile), "Ruby collected"
+    policy.collected(:minor, Memkit::OobGC::Collector.reading)
+    dry.take_dried(profile)
+    count = GC.count
+    refute dry.spent(50), "the pool has taken none of the pages yet"
+    taken = []
+    taken << Array.new(length) until dry.spent(50) || GC.count != count
+    assert_equal count + 1, GC.count
+    assert_equal :method, GC.latest_gc_info(:gc_by), "the take-back ran, not a GC of Ruby's"
+    assert_equal false, GC.latest_gc_info(:immediate_sweep)
+    assert_equal 60_000, kept.size
+    assert_operator taken.size, :>, 0
   end
 
   # A growth by running a pool dry fills the pools with objects dropped at

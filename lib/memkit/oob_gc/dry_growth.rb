@@ -125,16 +125,19 @@ module Memkit
       # (#drop_allowance). Every pool counts the pages allowed as free, and
       # the first to run out takes them: left alone, the main pool of the
       # "large" shape took all 18-28 MB Ruby allowed, the heap grew 72 MB
-      # where the bound was 64, RSS 1.34x no OobGC. Returns whether it ran
-      # that GC.
-      def spent
+      # where the bound was 64, RSS 1.34x no OobGC. `apart`: units of work
+      # since the last GC; far enough apart, that GC leaves its sweep to the
+      # requests (Policy#reads_sweep?), as an out-of-band minor does: swept at
+      # once, it held the next request 16-18 ms on the "tiny" shape (3.4, one
+      # process), once per growth. Returns whether it ran that GC.
+      def spent(apart)
         return false unless @pending
 
         @pending = nil unless @pending.count == GC.count
         return false unless @pending && HeapGrowth.eden_bytes >= @pending.limit
 
         @pending = nil
-        drop_allowance(0)
+        drop_allowance(0, apart: apart)
       end
 
       # A minor GC is due while pools #take_plan left out have not taken
@@ -266,11 +269,11 @@ module Memkit
       # taken back there, the "cache" shape's pools ran short again, 17
       # growths per worker in 8 seconds where they grew 6 times (Ruby 3.4,
       # Puma). Returns whether it ran that GC.
-      def drop_allowance(budget)
+      def drop_allowance(budget, apart: 0)
         allowed = GC.stat(:heap_allocatable_slots) * @largest
         return unless allowed > budget
 
-        minor
+        minor(apart)
       end
 
       # Where the pools #take_plan filled took all the pages Ruby allowed,
@@ -288,12 +291,18 @@ module Memkit
       # A minor GC that allocation did not start: it frees the fillers, and
       # Ruby takes back the pages it allowed that no pool took. Not while
       # Ruby asks for a major: GC.start would run that major (full marks
-      # come back on while it runs). Returns whether it ran.
-      def minor
+      # come back on while it runs). Swept lazily where the policy reads the
+      # sweep (`apart` units of work after the last GC). Returns whether it
+      # ran.
+      def minor(apart = 0)
         return false if GC.latest_gc_info(:need_major_by)
 
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-        GC.start(full_mark: false, immediate_sweep: true)
+        GCRest.finish
+        reading = Collector.reading
+        lazy = @policy.reads_sweep?(reading, :minor, apart)
+        @policy.collecting(reading, :minor)
+        GC.start(full_mark: false, immediate_sweep: !lazy)
         Counters.record(false, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
         @policy.collected(:minor, Collector.reading)
         true
