@@ -264,11 +264,10 @@ module Memkit
         # Slots pool `index` (`heap`, `free` slots free after a GC) takes to
         # keep Ruby's free goal: GOAL_RATIO of its slots once grown, or of its
         # initial slots while it stays below them (Ruby's free minimum counts
-        # those, #slots_for_free_minimum). Counted as a share of slots the
-        # growth adds to, a pool below its initial slots grew past the goal:
-        # on the Rails bench app (3.4) the 640-byte pool went from 1,624
-        # slots to 6,500, 57% of 10,000 free, where Ruby alone kept 1,631
-        # (3 MB per worker).
+        # those, #slots_for_free_minimum). Counted on the slots it would
+        # have after growing, such a pool overshoots: on the Rails bench app
+        # (3.4) the 640-byte pool would grow from 1,624 slots to 6,500 (57%
+        # of 10,000 free, 3 MB a worker) where Ruby alone keeps 1,631.
         def to_goal(heap, index, free)
           grown = ((GOAL_RATIO * heap.fetch(:heap_eden_slots)) - free).fdiv(1 - GOAL_RATIO)
           [(GOAL_RATIO * init_slots(index)) - free, grown].max.ceil
