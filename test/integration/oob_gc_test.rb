@@ -679,29 +679,43 @@ class OobGCTest < Minitest::Test
     def collected(_kind, _reading) = nil
   end
 
-  def a_growth_leaves_no_allowance_past_the_budget_in_the_pool_it_filled
+  # Ruby 3.4 with full marks off, pool 2 holding `arrays` arrays, a quarter
+  # of them garbage: a growth's GC there frees more than Ruby's free minimum
+  # (20%), so Ruby asks for no major then, which would keep the pages allowed
+  # (DryGrowth#drop_allowance). Returns the filler length, the arrays kept
+  # and a profile of 1,000 pool-2 objects a request.
+  def pool_two_heap(arrays)
     GC.config(rgengc_allow_full_mark: false)
-    pool = 2
-    size = GC.stat_heap(pool, :slot_size)
-    length = Memkit::OobGC::HeapGrowth.filler_length(pool)
-    # A quarter of the pool garbage: the growth's GC frees more than Ruby's
-    # free minimum (20%), so Ruby asks for no major then, which would keep the
-    # pages allowed (DryGrowth#drop_allowance).
-    kept = Array.new(260_000) { |i| Array.new(length) if (i % 4).positive? }.compact
+    length = Memkit::OobGC::HeapGrowth.filler_length(2)
+    kept = Array.new(arrays) { |i| Array.new(length) if (i % 4).positive? }.compact
     profile = Memkit::OobGC::Profile.new
     40.times { profile.record([10, 0, 1_000, 0, 0], 0) }
-    growth = Memkit::OobGC::HeapGrowth.new(max_bytes: 10 << 20)
-    plan = 10_000
-    dry = Memkit::OobGC::DryGrowth.new(policy: OnePoolPlan.new(pool, plan), growth: growth)
-    # No pages allowed before the growth's own: those of an earlier GC are
-    # taken by the 40-byte pool, with garbage.
-    GC.start(full_mark: false)
+    [length, kept, profile]
+  end
+
+  # Plans `dry`'s growth after a GC (a major with `full_mark`), with no
+  # pages allowed before the growth's own: those of that GC are taken by the
+  # 40-byte pool, with garbage. Returns the reading it planned on and pool
+  # 2's slots then.
+  def plan_dry_growth(dry, profile, full_mark:)
+    GC.start(full_mark: full_mark)
     GC.disable
     Object.new while GC.stat(:heap_allocatable_slots).positive?
     reading = Memkit::OobGC::Collector.reading
     dry.plan(reading, profile, cover: 2, want: 2)
-    eden = GC.stat_heap(pool, :heap_eden_slots)
+    [reading, GC.stat_heap(2, :heap_eden_slots)]
+  ensure
     GC.enable
+  end
+
+  def a_growth_leaves_no_allowance_past_the_budget_in_the_pool_it_filled
+    pool = 2
+    size = GC.stat_heap(pool, :slot_size)
+    _, kept, profile = pool_two_heap(260_000)
+    growth = Memkit::OobGC::HeapGrowth.new(max_bytes: 10 << 20)
+    plan = 10_000
+    dry = Memkit::OobGC::DryGrowth.new(policy: OnePoolPlan.new(pool, plan), growth: growth)
+    reading, eden = plan_dry_growth(dry, profile, full_mark: false)
     assert_equal 0, GC.stat(:heap_allocatable_slots)
 
     assert dry.run_due_minor(reading, profile), "Ruby collected"
@@ -744,26 +758,15 @@ class OobGCTest < Minitest::Test
   end
 
   def a_growth_that_takes_every_page_allowed_frees_its_fillers
-    GC.config(rgengc_allow_full_mark: false)
     pool = 2
-    length = Memkit::OobGC::HeapGrowth.filler_length(pool)
-    # A quarter of the pool garbage, as in the test above: no major asked.
-    kept = Array.new(80_000) { |i| Array.new(length) if (i % 4).positive? }.compact
-    profile = Memkit::OobGC::Profile.new
-    40.times { profile.record([10, 0, 1_000, 0, 0], 0) }
+    length, kept, profile = pool_two_heap(80_000)
     growth = Memkit::OobGC::HeapGrowth.new(max_bytes: 64 << 20)
     # Ruby allows a pool of n slots at most 0.8 n more (growth factor 1.8).
     plan = GC.stat_heap(pool, :heap_eden_slots)
     dry = Memkit::OobGC::DryGrowth.new(policy: PlannedNoFullMark.new(pool, plan), growth: growth)
     # Within RVALUE_OLD_AGE GCs of a major, a pool left short grows instead
     # of asking for a major, which would keep the fillers (DryGrowth#minor).
-    GC.start(full_mark: true)
-    GC.disable
-    Object.new while GC.stat(:heap_allocatable_slots).positive?
-    reading = Memkit::OobGC::Collector.reading
-    dry.plan(reading, profile, cover: 2, want: 2)
-    eden = GC.stat_heap(pool, :heap_eden_slots)
-    GC.enable
+    reading, eden = plan_dry_growth(dry, profile, full_mark: true)
 
     assert dry.run_due_minor(reading, profile), "Ruby collected"
     assert_nil GC.latest_gc_info(:need_major_by), "the growth's GC asked for no major"
@@ -794,22 +797,12 @@ class OobGCTest < Minitest::Test
   end
 
   def the_minor_that_ends_a_growth_sweeps_lazily
-    GC.config(rgengc_allow_full_mark: false)
-    pool = 2
-    length = Memkit::OobGC::HeapGrowth.filler_length(pool)
-    kept = Array.new(80_000) { |i| Array.new(length) if (i % 4).positive? }.compact
-    profile = Memkit::OobGC::Profile.new
-    40.times { profile.record([10, 0, 1_000, 0, 0], 0) }
+    length, kept, profile = pool_two_heap(80_000)
     # A plan past what one growth fills at once: the pool takes the pages as
     # it needs them, up to the budget.
-    policy = PlannedNoFullMark.new(pool, Memkit::OobGC::DryGrowth::FILL_SLOTS * 2)
+    policy = PlannedNoFullMark.new(2, Memkit::OobGC::DryGrowth::FILL_SLOTS * 2)
     dry = Memkit::OobGC::DryGrowth.new(policy: policy, growth: Memkit::OobGC::HeapGrowth.new(max_bytes: 2 << 20))
-    GC.start(full_mark: true)
-    GC.disable
-    Object.new while GC.stat(:heap_allocatable_slots).positive?
-    reading = Memkit::OobGC::Collector.reading
-    dry.plan(reading, profile, cover: 2, want: 2)
-    GC.enable
+    reading, = plan_dry_growth(dry, profile, full_mark: true)
     assert dry.run_due_minor(reading, profile), "Ruby collected"
     policy.collected(:minor, Memkit::OobGC::Collector.reading)
     dry.take_dried(profile)
