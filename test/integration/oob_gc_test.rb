@@ -408,10 +408,7 @@ class OobGCTest < Minitest::Test
 
   def heap_growth_adds_the_slots_asked_for
     GC.start
-    # On Ruby 3.4 the collector grows this way with full marks left on
-    # (full_mark: true), under SizePools; NoFullMark grows by DryGrowth.
-    klass = Memkit::OobGC::Policy.detect
-    policy = (klass == Memkit::OobGC::Policy::NoFullMark ? Memkit::OobGC::Policy::SizePools : klass).new
+    policy = Memkit::OobGC::Policy.detect.new
     before = policy.free(Memkit::OobGC::Collector.reading)[0]
     growth = Memkit::OobGC::HeapGrowth.new(max_bytes: 64 << 20)
     added = growth.grow([before * 2], policy)
@@ -641,16 +638,17 @@ class OobGCTest < Minitest::Test
     assert_operator old.size + young.size, :>, 0
   end
 
-  # A growth whose pools hold the next request leaves the pages Ruby
-  # allowed where they are, and adds no GC: the pools take them just before
-  # the next minor GC due (DryGrowth#take_left), when their free slots are
-  # fewest, and that GC frees the fillers.
-  def test_a_growth_takes_its_pages_just_before_the_next_gc_due
+  # Ruby 3.4 counts the pages it allows in slots of whichever pool takes a
+  # page, so an allowance a 160-byte pool may take is worth four times its
+  # count in 40-byte slots. After a growth of that pool, what Ruby still
+  # allows is worth no more than the budget left, in that pool's slots: the
+  # pool just filled runs out first and would take the rest.
+  def test_a_growth_leaves_no_allowance_past_the_budget_in_the_pool_it_filled
     unless GC.respond_to?(:config) && GC.config.key?(:rgengc_allow_full_mark)
       skip "GC.config(rgengc_allow_full_mark:) needs Ruby 3.4+"
     end
 
-    in_fresh_process { a_growth_takes_its_pages_just_before_the_next_gc_due }
+    in_fresh_process { a_growth_leaves_no_allowance_past_the_budget_in_the_pool_it_filled }
   end
 
   # The plan Policy::NoFullMark would make for a heap short in one pool:
@@ -675,8 +673,7 @@ class OobGCTest < Minitest::Test
 
     def kept_back(_reading) = []
     def turned_down?(_reading) = false
-    def cramped?(_reading, _profile) = false
-    def dried(_count, _plan, _eden) = nil
+    def reads_sweep?(_reading, _kind, _apart) = false
     def decide(_reading, _profile) = nil
     def collecting(_reading, _kind) = nil
     def collected(_kind, _reading) = nil
@@ -684,15 +681,15 @@ class OobGCTest < Minitest::Test
 
   # Ruby 3.4 with full marks off, pool 2 holding `arrays` arrays, a quarter
   # of them garbage: a growth's GC there frees more than Ruby's free minimum
-  # (20%), so Ruby asks for no major then, which GC.start would run
-  # (DryGrowth#minor). Returns the filler length, the arrays kept and a
-  # profile of `objects` pool-2 objects a request.
-  def pool_two_heap(arrays, objects: 1_000)
+  # (20%), so Ruby asks for no major then, which would keep the pages allowed
+  # (DryGrowth#drop_allowance). Returns the filler length, the arrays kept
+  # and a profile of 1,000 pool-2 objects a request.
+  def pool_two_heap(arrays)
     GC.config(rgengc_allow_full_mark: false)
     length = Memkit::OobGC::HeapGrowth.filler_length(2)
     kept = Array.new(arrays) { |i| Array.new(length) if (i % 4).positive? }.compact
     profile = Memkit::OobGC::Profile.new
-    40.times { profile.record([10, 0, objects, 0, 0], 0) }
+    40.times { profile.record([10, 0, 1_000, 0, 0], 0) }
     [length, kept, profile]
   end
 
@@ -711,33 +708,33 @@ class OobGCTest < Minitest::Test
     GC.enable
   end
 
-  def a_growth_takes_its_pages_just_before_the_next_gc_due
+  def a_growth_leaves_no_allowance_past_the_budget_in_the_pool_it_filled
     pool = 2
+    size = GC.stat_heap(pool, :slot_size)
     _, kept, profile = pool_two_heap(260_000)
+    growth = Memkit::OobGC::HeapGrowth.new(max_bytes: 10 << 20)
     plan = 10_000
-    dry = Memkit::OobGC::DryGrowth.new(policy: OnePoolPlan.new(pool, plan),
-                                       growth: Memkit::OobGC::HeapGrowth.new(max_bytes: 10 << 20))
-    reading, = plan_dry_growth(dry, profile, full_mark: false)
+    dry = Memkit::OobGC::DryGrowth.new(policy: OnePoolPlan.new(pool, plan), growth: growth)
+    reading, eden = plan_dry_growth(dry, profile, full_mark: false)
     assert_equal 0, GC.stat(:heap_allocatable_slots)
 
     assert dry.run_due_minor(reading, profile), "Ruby collected"
     assert_nil GC.latest_gc_info(:need_major_by), "the growth's GC asked for no major"
-    assert_operator GC.stat(:heap_allocatable_slots), :>, plan, "Ruby allowed the plan"
-    # (Ruby's GC may have given the pool a page of its own.)
-    eden = GC.stat_heap(pool, :heap_eden_slots)
+    allowed = GC.stat(:heap_allocatable_slots)
+    assert_operator allowed * Memkit::OobGC::Policy::SizePools::BASE_SLOT_SIZE, :<, growth.budget - (plan * size),
+                    "in 40-byte slots, the allowance would look within the budget"
+    assert_operator allowed * size, :>, growth.budget - (plan * size), "in its own slots, it would not"
     count = GC.count
     dry.take_dried(profile)
-    assert_equal count, GC.count, "the growth added no GC"
-    assert_equal eden, GC.stat_heap(pool, :heap_eden_slots), "the pages are left for the next GC due"
-    assert dry.take_left, "the pool took its pages"
-    assert_operator GC.stat_heap(pool, :heap_eden_slots) - eden, :>=, plan
-    assert_equal count, GC.count, "within what Ruby allowed: no GC"
-    refute dry.take_left, "once"
+    assert_operator GC.stat_heap(pool, :heap_eden_slots) - eden, :>=, plan, "the pool took its plan"
+    # A minor takes the allowance back. (Its own sweep may allow pages
+    # again, for a pool it leaves short: Ruby's, not the growth's.)
+    assert_equal count + 1, GC.count, "no minor took back the allowance past the budget"
+    assert_equal :method, GC.latest_gc_info(:gc_by)
     assert_equal 195_000, kept.size
   end
 
-  # A growth for a heap that cannot hold the next request takes its pages
-  # at once. Where the plan is more than Ruby allows, it fills the pool with
+  # A growth whose plan is more than Ruby allows fills the pool with
   # objects dropped at once, and leaves no page to take: the next request's
   # first allocation there would start Ruby's own GC, which grows the heap
   # by Ruby's goal. The minor that frees the fillers runs with the growth.
@@ -762,8 +759,7 @@ class OobGCTest < Minitest::Test
 
   def a_growth_that_takes_every_page_allowed_frees_its_fillers
     pool = 2
-    # Requests of more objects than the pool holds free: cramped.
-    length, kept, profile = pool_two_heap(80_000, objects: 200_000)
+    length, kept, profile = pool_two_heap(80_000)
     growth = Memkit::OobGC::HeapGrowth.new(max_bytes: 64 << 20)
     # Ruby allows a pool of n slots at most 0.8 n more (growth factor 1.8).
     plan = GC.stat_heap(pool, :heap_eden_slots)
@@ -783,9 +779,42 @@ class OobGCTest < Minitest::Test
     assert_equal :method, GC.latest_gc_info(:gc_by)
     count = GC.count
     request = Array.new(1_000) { Array.new(length) }
-    assert_equal count, GC.count, "the next allocation ran with no GC"
+    assert_equal count, GC.count, "the next request ran with no GC"
     assert_equal 60_000, kept.size
     assert_equal 1_000, request.size
+  end
+
+  # Once the pools have taken a growth's bytes, a minor takes back what
+  # Ruby allowed past them. Requests after the growth, it leaves its sweep to
+  # the next ones, as an out-of-band minor does, where swept at once it held
+  # the next request for the whole sweep.
+  def test_the_minor_that_ends_a_growth_sweeps_lazily
+    unless GC.respond_to?(:config) && GC.config.key?(:rgengc_allow_full_mark)
+      skip "GC.config(rgengc_allow_full_mark:) needs Ruby 3.4+"
+    end
+
+    in_fresh_process { the_minor_that_ends_a_growth_sweeps_lazily }
+  end
+
+  def the_minor_that_ends_a_growth_sweeps_lazily
+    length, kept, profile = pool_two_heap(80_000)
+    # A plan past what one growth fills at once: the pool takes the pages as
+    # it needs them, up to the budget.
+    policy = PlannedNoFullMark.new(2, Memkit::OobGC::DryGrowth::FILL_SLOTS * 2)
+    dry = Memkit::OobGC::DryGrowth.new(policy: policy, growth: Memkit::OobGC::HeapGrowth.new(max_bytes: 2 << 20))
+    reading, = plan_dry_growth(dry, profile, full_mark: true)
+    assert dry.run_due_minor(reading, profile), "Ruby collected"
+    policy.collected(:minor, Memkit::OobGC::Collector.reading)
+    dry.take_dried(profile)
+    count = GC.count
+    refute dry.spent(50), "the pool has taken none of the pages yet"
+    taken = []
+    taken << Array.new(length) until dry.spent(50) || GC.count != count
+    assert_equal count + 1, GC.count
+    assert_equal :method, GC.latest_gc_info(:gc_by), "the take-back ran, not a GC of Ruby's"
+    assert_equal false, GC.latest_gc_info(:immediate_sweep)
+    assert_equal 60_000, kept.size
+    assert_operator taken.size, :>, 0
   end
 
   # A growth by running a pool dry fills the pools with objects dropped at
@@ -813,13 +842,6 @@ class OobGCTest < Minitest::Test
       [200, { "content-type" => "text/plain" }, ["#{rows.size} of #{booted.size}"]]
     end
     oob = Memkit::OobGC.new(app)
-    # The pools' own slots: the pages Ruby allows at the end of a sweep (a
-    # pool left under its free minimum, just after a major) are not the
-    # fillers' to count.
-    own = lambda do
-      reading = Memkit::OobGC::Collector.reading
-      reading.merge(stat: reading.fetch(:stat).merge(heap_allocatable_slots: 0))
-    end
     dried = false
     seen = nil
     serve(oob, 400, hook: :after_reply) do |ran|
@@ -827,12 +849,12 @@ class OobGCTest < Minitest::Test
 
       by = GC.latest_gc_info(:gc_by)
       if dried && by == :method && GC.latest_gc_info(:state) == :sweeping
-        estimated = oob.collector.policy.free(own.())
+        estimated = oob.collector.policy.free(Memkit::OobGC::Collector.reading)
         Memkit::GCRest.finish
-        seen = [estimated, oob.collector.policy.free(own.())]
+        seen = [estimated, oob.collector.policy.free(Memkit::OobGC::Collector.reading)]
       end
       # The growth's GC, and perhaps in the same request the minor that
-      # frees the fillers of a growth taken at once (DryGrowth#free_fillers),
+      # takes back pages allowed past the budget (DryGrowth#drop_allowance),
       # which sweeps at once: the next out-of-band GC sweeps lazily.
       dried ||= by == :newobj
     end

@@ -597,26 +597,6 @@ class OobGCPolicyTest < Minitest::Test
     assert_nil policy.grow_by_allocation(after_gc, short, req, budget: 0, cover: 2.1), "no budget, no growth"
   end
 
-  # Of the pages Ruby allows at a growth's GC, each pool counts as free only
-  # its part of the plan not yet taken, until the next GC; what Ruby allows
-  # at other GCs is room, as under Ruby alone.
-  def test_no_full_mark_counts_only_the_plan_of_what_ruby_allowed_at_a_growth
-    policy = Policy::NoFullMark.new
-    own = [943_143 - 491_082, 99_024 - 80_853, 266_113 - 199_830]
-    heaps = [[943_143, 491_082], [99_024, 80_853], [266_113, 199_830]]
-    grown = pooled(heaps, shared_allocatable: 35_727, count: 40)
-    shared = [35_727, 35_727 / 2, 35_727 / 4]
-    assert_equal own.zip(shared).map(&:sum), policy.free(grown)
-    policy.dried(40, [0, 5_000, 0], heaps.map(&:first))
-    assert_equal [own[0], own[1] + 5_000, own[2]], policy.free(grown)
-    # Pool 1 has taken 1,638 of them as pages (its live objects too).
-    taken = pooled([heaps[0], [99_024 + 1_638, 80_853 + 1_638], heaps[2]], shared_allocatable: 34_089, count: 40)
-    assert_equal [own[0], own[1] + 5_000 - 1_638, own[2]], policy.free(taken)
-    # Never more than Ruby still allows.
-    assert_equal own[1] + 2_000, policy.free(pooled(heaps, shared_allocatable: 2_000, count: 40))[1]
-    assert_equal own.zip(shared).map(&:sum), policy.free(pooled(heaps, shared_allocatable: 35_727, count: 41))
-  end
-
   # Recorded on Ruby 3.4, "huge" shape: one request allocates 432k objects
   # in pool 0, which after a GC holds 602k free: the next request fits, the
   # one after does not, so a GC runs after every request unless pool 0 grows.

@@ -180,6 +180,7 @@ module Memkit
           learn(token, count, now, malloc)
           malloc = GC.stat(:malloc_increase_bytes) if finish_long_sweep(count)
           @last = [count, now, malloc]
+          @cycle = [GC.count, @seen] if @dry&.spent(@seen - @cycle[1])
           next if quiet?(count, now, malloc)
 
           @quiet = nil

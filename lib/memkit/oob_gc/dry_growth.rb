@@ -15,20 +15,18 @@ module Memkit
     # as Ruby's own (#run_due_minor): garbage is allocated in the pool the
     # policy chose until it is dry and Ruby collects and allows the heap more
     # pages. No GC is added: it is the GC that was due. The pools then take
-    # those pages by the policy's plan: at once only where the heap cannot
-    # hold the next request (#take_dried), otherwise just before the next
-    # minor GC due (#take_left), when their free slots are fewest and the
-    # fill costs least. Of what Ruby allowed then the policy counts as free
-    # only each pool's part of the plan (Policy::NoFullMark#dried), so the
-    # requests take pages by the plan too, and the next GC this process runs
-    # takes back what the plan left. A
-    # pool below its initial slots grows with no GC at all (#grow_freely).
+    # those pages by the policy's plan (#take_plan), at once as far as
+    # FILL_SLOTS goes, the rest as their requests need them or just before
+    # the next minor GC (#take_left); once they have taken the plan's bytes,
+    # a minor GC takes back what Ruby allowed beyond it (#spent). A pool
+    # below its initial slots grows with no GC at all (#grow_freely).
     # Everything added counts against `growth`, the collector's budget.
     class DryGrowth
-      # After a growth that left pools to take their pages (#take_left): the
-      # GC that allowed the pages, and the slots per pool left to take as of
-      # `eden`, the pools' slots then.
-      Pending = Struct.new(:count, :left, :eden)
+      # After a growth that left pools to take their pages (#take_plan): the
+      # GC that allowed the pages, the eden bytes past which the rest is taken
+      # back (#spent), and the slots per pool left to take as of `eden`, the
+      # pools' slots then (#take_left).
+      Pending = Struct.new(:count, :limit, :left, :eden)
 
       # Slots allocated beyond the pool's free count before #run_dry stops
       # waiting for Ruby to collect (GC.disable'd, or a count that was off).
@@ -87,10 +85,7 @@ module Memkit
       def run_due_minor(reading, profile)
         pool = @pool
         @pool = nil
-        if pool
-          @policy.dried(GC.count, @plan, Collector.eden_slots) if (@dried = run_dry(pool, reading))
-          return @dried
-        end
+        return @dried = run_dry(pool, reading) if pool
 
         @dried = false
         pool = @policy.runs_out_first(reading, profile) if @policy.turned_down?(reading)
@@ -98,39 +93,56 @@ module Memkit
       end
 
       # After the GC #run_due_minor ran, once the policy has seen the heap as
-      # that GC left it (Policy#collected): where the heap cannot hold the
-      # next request (Policy#cramped?), the pools take the pages Ruby allowed
-      # now (#take_plan); otherwise they are left to #take_left. Taken now,
-      # the pools' free slots are filled first, and those fillers must be
-      # freed by a GC of their own before the next request (#free_fillers):
-      # on the Rails bench app (3.4, Unicorn) each growth of the main pool,
-      # a page or two at a time, was two GCs, 5-7% of a worker's GC runs.
-      # The fillers taken are garbage at the next GC, and the policy counts
-      # what was allocated since it last saw the heap as the garbage of a
-      # lazy sweep. Filled before, they counted as live: the pool filled
-      # looked short again after the next GC and was grown again, every
-      # other GC. On the "cache" shape (3.4) the 80-byte pool went from 119k
-      # slots to 272k in 260 requests, half of them free after each GC,
-      # while the pools that ran out first were not grown.
+      # that GC left it (Policy#collected): the pools take the pages Ruby
+      # allowed (#take_plan). The fillers that takes are garbage at the next
+      # GC, and the policy counts what was allocated since it last saw the
+      # heap as the garbage of a lazy sweep. Filled before, they counted as
+      # live: the pool filled looked short again after the next GC and was
+      # grown again, every other GC. On the "cache" shape (3.4) the 80-byte
+      # pool went from 119k slots to 272k in 260 requests, half of them free
+      # after each GC, while the pools that ran out first were not grown.
       def take_dried(profile)
         return unless @dried
 
         @dried = false
-        left = @policy.cramped?(Collector.reading, profile) ? take_plan(@plan) : @plan
-        if left.any?(&:positive?)
-          @pending = Pending.new(GC.count, left, Collector.eden_slots)
+        before = HeapGrowth.eden_bytes
+        left = take_plan(@plan)
+        budget = @growth.budget - (HeapGrowth.eden_bytes - before)
+        spend = [left.each_with_index.sum { |slots, i| slots * GC.stat_heap(i, :slot_size) }, budget].min
+        if spend.positive?
+          @pending = Pending.new(GC.count, HeapGrowth.eden_bytes + spend, left, Collector.eden_slots)
         else
-          free_fillers(profile)
+          drop_allowance(budget) || free_fillers(profile)
         end
         @dried_at = GC.count
         Counters.grew(0)
         nil
       end
 
-      # A minor GC is due while pools have not taken their slots of the
-      # pages Ruby allowed at the last growth: their free slots are fewest
-      # now, so they take them now, as far as FILL_SLOTS goes, and the GC
-      # due frees the fillers and takes back what the plan left. Returns
+      # After each unit of work, where #take_plan left pools to grow: once
+      # the heap has gained the plan's bytes since the GC that allowed the
+      # pages, a minor GC that allocation did not start takes the rest back
+      # (#drop_allowance). Every pool counts the pages allowed as free, and
+      # the first to run out takes them: left alone, the main pool of the
+      # "large" shape took all 18-28 MB Ruby allowed, the heap grew 72 MB
+      # where the bound was 64, RSS 1.34x no OobGC. `apart`: units of work
+      # since the last GC; far enough apart, that GC leaves its sweep to the
+      # requests (Policy#reads_sweep?), as an out-of-band minor does: swept at
+      # once, it held the next request 16-18 ms on the "tiny" shape (3.4, one
+      # process), once per growth. Returns whether it ran that GC.
+      def spent(apart)
+        return false unless @pending
+
+        @pending = nil unless @pending.count == GC.count
+        return false unless @pending && HeapGrowth.eden_bytes >= @pending.limit
+
+        @pending = nil
+        drop_allowance(0, apart: apart)
+      end
+
+      # A minor GC is due while pools #take_plan left out have not taken
+      # their slots of the pages Ruby allowed: their free slots are fewest
+      # now, so they take them now, as far as FILL_SLOTS goes. Returns
       # whether any did. On the "large" shape (3.4) a GC due for another
       # pool came first, and took the pages back, often enough for 1.12x
       # Ruby alone's GC runs in one process (1.00x with this).
@@ -163,10 +175,8 @@ module Memkit
         GC.enable
         @dry_base ||= HeapGrowth.eden_bytes
         count = GC.count
-        # The slots a major pending keeps back count: the estimate of them
-        # errs high. So do the pages Ruby allows, in the pool's own slots.
-        limit = @policy.free(reading).fetch(pool) + @policy.kept_back(reading).fetch(pool, 0) +
-                GC.stat(:heap_allocatable_slots) + RUN_DRY_MARGIN
+        # The slots a major pending keeps back count: the estimate of them errs high.
+        limit = @policy.free(reading).fetch(pool) + @policy.kept_back(reading).fetch(pool, 0) + RUN_DRY_MARGIN
         length = HeapGrowth.filler_length(pool)
         allocated = 0
         while GC.count == count
@@ -200,7 +210,7 @@ module Memkit
 
       # Has each pool take its slots of the plan (#take_pages), cheapest
       # first, while the slots filled stay within FILL_SLOTS. Returns the
-      # slots per pool left to take (#take_left). A pool takes
+      # slots per pool left to take (#spent, #take_left). A pool takes
       # new pages only once its free slots are used, so the fillers fill
       # those first: right after a GC the main pool of the "large" shape
       # (3.4) held most of ten requests free, and filling it then held
@@ -239,6 +249,33 @@ module Memkit
         fill_past(index, allowed) if allowed.positive?
       end
 
+      # The pages Ruby allowed and #take_pages left go to whichever pool
+      # runs out first during the next requests, all charged to the growth
+      # budget: on the "large" shape 164,000 slots of the main pool, beyond
+      # what the plan chose, spent the rest of the budget, and on Puma the
+      # heap grew 80 MB (RSS 1.4x no OobGC) where the bound was 64. Ruby
+      # counts them in slots of whichever pool takes a page (a 160-byte
+      # pool's page uses up 409, a 40-byte pool's 1,638; 3.4.11), and the
+      # pools #take_plan just filled run out first: so they are worth the
+      # largest slot a request allocates in. Counted in 40-byte slots, they
+      # stayed on the "tiny" shape (3.4): the 160-byte pool took 12 MB more
+      # than the plan, and the main pool, which runs out first, grew less
+      # than Ruby alone's (GC every 300 requests where Ruby's ran every 360).
+      # Where they are more than the `budget` bytes left, a minor GC that
+      # allocation did not start takes them back (and frees #take_pages'
+      # fillers), and the policy is told of it. Not while Ruby asks for a
+      # major: one the collector runs takes them back too, and where the
+      # policy turns it down (Policy#declined?) they stay with the pools;
+      # taken back there, the "cache" shape's pools ran short again, 17
+      # growths per worker in 8 seconds where they grew 6 times (Ruby 3.4,
+      # Puma). Returns whether it ran that GC.
+      def drop_allowance(budget, apart: 0)
+        allowed = GC.stat(:heap_allocatable_slots) * @largest
+        return unless allowed > budget
+
+        minor(apart)
+      end
+
       # Where the pools #take_plan filled took all the pages Ruby allowed,
       # they hold only fillers until the next GC, and the next request's first
       # allocation there starts it. Started by allocation, with full marks
@@ -254,14 +291,18 @@ module Memkit
       # A minor GC that allocation did not start: it frees the fillers, and
       # Ruby takes back the pages it allowed that no pool took. Not while
       # Ruby asks for a major: GC.start would run that major (full marks
-      # come back on while it runs). Returns whether it ran.
-      def minor
+      # come back on while it runs). Swept lazily where the policy reads the
+      # sweep (`apart` units of work after the last GC). Returns whether it
+      # ran.
+      def minor(apart = 0)
         return false if GC.latest_gc_info(:need_major_by)
 
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         GCRest.finish
-        @policy.collecting(Collector.reading, :minor)
-        GC.start(full_mark: false, immediate_sweep: true)
+        reading = Collector.reading
+        lazy = @policy.reads_sweep?(reading, :minor, apart)
+        @policy.collecting(reading, :minor)
+        GC.start(full_mark: false, immediate_sweep: !lazy)
         Counters.record(false, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
         @policy.collected(:minor, Collector.reading)
         true

@@ -49,7 +49,6 @@ module Memkit
           @declined_at = nil # GC count at which a :nofree major was turned down
           @settled = false # whether the request profile had settled at a #decide
           @swept_free = nil # [GC count, free slots per pool] after the latest GC (#kept_back)
-          @dried = nil # [GC count, plan, eden slots per pool] at the latest growth's GC (#dried)
         end
 
         # Ruby looks at oldmalloc only at the end of a minor GC; with full
@@ -84,31 +83,10 @@ module Memkit
         #
         # Less, where a major turned down is pending, the slots the sweep
         # keeps back (#kept_back).
-        #
-        # Of the pages Ruby allowed at a growth's GC, until the next GC, only
-        # each pool's part of the growth's plan not yet taken (#dried):
-        # counted as every pool's free room, they went to the pool that ran
-        # out first, whatever the plan, and the growth took back the rest
-        # with a minor GC of its own, two GCs per growth (on the Rails bench
-        # app, a page or two of the main pool at a time, 5-7% of a worker's
-        # GC runs). The next GC takes back what is left. What Ruby allows at
-        # the other GCs is its own sizing of the heap: room, as under Ruby
-        # alone.
         def free(reading)
           heaps = reading.fetch(:heaps)
           kept = kept_back(reading)
-          planned = planned(reading)
-          reading = own(reading) if planned
-          free_slots(reading).each_with_index.map do |f, i|
-            f + below_init(heaps.fetch(i), i) - kept.fetch(i, 0) + (planned ? planned.fetch(i, 0) : 0)
-          end
-        end
-
-        # Told that GC `count` was a growth's (DryGrowth#run_due_minor), with
-        # `plan` the slots each pool is to take of the pages Ruby allowed and
-        # `eden` the pools' slots right after it (#free).
-        def dried(count, plan, eden)
-          @dried = [count, plan, eden]
+          free_slots(reading).each_with_index.map { |f, i| f + below_init(heaps.fetch(i), i) - kept.fetch(i, 0) }
         end
 
         # kind :grown: the collector grew the heap, which the valve must not
@@ -440,19 +418,6 @@ module Memkit
           slots = take.(low)
           slots.each_index { |i| plan[i] += slots[i] }
           cost.(slots)
-        end
-
-        # Slots per pool of the plan of the growth whose GC was the latest, not
-        # yet taken, within what Ruby still allows (its count is in slots of
-        # whichever pool takes a page); nil after any other GC.
-        def planned(reading)
-          count, plan, eden = @dried
-          return unless count == reading.fetch(:stat).fetch(:count)
-
-          allowed = reading.fetch(:stat).fetch(:heap_allocatable_slots, 0)
-          reading.fetch(:heaps).each_with_index.map do |h, i|
-            [plan.fetch(i, 0) - (h.fetch(:heap_eden_slots) - eden.fetch(i, 0)), 0].max.clamp(0, allowed)
-          end
         end
 
         # `reading` without the shared allocatable slots, which the next GC
