@@ -250,15 +250,32 @@ module Memkit
           objects = profile.objects
           short = shortfall(own, profile, cover: cover, want: want)
           short = balance(own, short, free, profile, spare) if want > cover && spare.positive?
+          lives = lives(own)
           reading.fetch(:heaps).each_with_index.map do |h, i|
             need = objects.fetch(i, 0)
             next short[i] unless need.positive?
 
             under = floor(h, i, free[i], need)
-            next short[i] unless under.positive?
-
-            [short[i], under, to_goal(h, i, free[i])].max
+            slots = under.positive? ? [short[i], under, to_goal(h, i, free[i])].max : short[i]
+            slots.positive? ? [slots, least_step(h, free[i], lives.fetch(i))].max : slots
           end
+        end
+
+        # Ruby grows a pool by a tenth of its slots at least
+        # (heap_allocatable_slots_expand: f = 1.1 where the goal ratio asks
+        # for less).
+        LEAST_STEP = 0.1
+
+        # Slots a pool that is short grows by at least: LEAST_STEP of its
+        # slots, no further than Ruby's free share (MAX_FREE_SHARE) of its
+        # live objects. Each growth costs a GC of its own (DryGrowth#spent
+        # takes back what Ruby allowed beyond the plan); grown by what it
+        # lacked, a page or two, the Rails bench app's main pool (3.4) grew
+        # 5-6 times between its workers' 101st and 2,600th requests, as its
+        # live objects crept up: 4-7% of the GC runs.
+        def least_step(heap, free, live)
+          room = (live * MAX_FREE_SHARE / (1 - MAX_FREE_SHARE)) - free
+          [(LEAST_STEP * heap.fetch(:heap_eden_slots)).ceil, room.floor].min
         end
 
         # Slots pool `index` (`heap`, `free` slots free after a GC) takes to
