@@ -256,27 +256,32 @@ module Memkit
             next short[i] unless need.positive?
 
             under = floor(h, i, free[i], need)
-            slots = under.positive? ? [short[i], under, to_goal(h, i, free[i])].max : short[i]
-            slots.positive? ? [slots, least_step(h, free[i], lives.fetch(i))].max : slots
+            next [short[i], under, to_goal(h, i, free[i])].max if under.positive?
+
+            step = (LEAST_STEP * h.fetch(:heap_eden_slots)).ceil
+            next short[i] unless short[i].positive? && short[i] < step
+
+            room(free[i], lives.fetch(i)) >= step ? step : 0
           end
         end
 
-        # Ruby grows a pool by a tenth of its slots at least
-        # (heap_allocatable_slots_expand: f = 1.1 where the goal ratio asks
-        # for less).
+        # A pool short of `want` requests grows by a tenth of its slots at
+        # least, as Ruby's own growth does (heap_allocatable_slots_expand: f
+        # = 1.1 where the goal ratio asks for less), or not at all where a
+        # tenth more would pass Ruby's free share (#room). Each growth costs
+        # a GC of its own (DryGrowth#spent takes back what Ruby allowed
+        # beyond the plan); grown by what they lacked, a page or two, the
+        # Rails bench app's pools (3.4) grew 5-6 times between its workers'
+        # 101st and 2,600th requests as their live objects crept up, the
+        # 160-byte pool by 11 to 545 slots where it held 73% of its slots
+        # free: 4-7% of the GC runs.
         LEAST_STEP = 0.1
 
-        # Slots a pool that is short grows by at least: LEAST_STEP of its
-        # slots, no further than Ruby's free share (MAX_FREE_SHARE) of its
-        # live objects. Each growth costs a GC of its own (DryGrowth#spent
-        # takes back what Ruby allowed beyond the plan); grown by what it
-        # lacked, a page or two, the Rails bench app's main pool (3.4) grew
-        # 5-6 times between its workers' 101st and 2,600th requests, as its
-        # live objects crept up: 4-7% of the GC runs.
-        def least_step(heap, free, live)
-          room = (live * MAX_FREE_SHARE / (1 - MAX_FREE_SHARE)) - free
-          [(LEAST_STEP * heap.fetch(:heap_eden_slots)).ceil, room.floor].min
-        end
+        # Slots pool with `live` objects and `free` slots after a GC takes
+        # before a GC would give pages back: one that finds more than Ruby's
+        # free share (MAX_FREE_SHARE) of the heap free frees pages down to
+        # it.
+        def room(free, live) = ((live * MAX_FREE_SHARE / (1 - MAX_FREE_SHARE)) - free).floor
 
         # Slots pool `index` (`heap`, `free` slots free after a GC) takes to
         # keep Ruby's free goal: GOAL_RATIO of its slots once grown, or of its
