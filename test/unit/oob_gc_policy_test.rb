@@ -643,6 +643,28 @@ class OobGCPolicyTest < Minitest::Test
     assert_operator plan.each_with_index.sum { |n, i| n * (40 << i) }, :<=, 4 << 20
   end
 
+  # Recorded on Ruby 3.4, the Rails bench app behind Unicorn, a worker's
+  # 30th GC: pools 1 and 2 a few slots short of `want` requests. Each growth
+  # costs a GC of its own; grown by what they lacked, the pools grew again
+  # and again as their live objects crept up.
+  def test_no_full_mark_grows_a_pool_by_a_tenth_at_least_or_not_at_all
+    policy = Policy::NoFullMark.new(init_slots: [10_000] * 5)
+    req = profile([5_450, 1_446, 2_733, 213, 48])
+    after_gc = pooled([[243_969, 156_027], [57_299, 28_929], [59_276, 15_217], [4_278, 794], [4_783, 235]])
+    short = policy.shortfall(after_gc, req, cover: 2.1, want: 10)
+    assert_operator short[1], :<, 5_730
+    assert_operator short[2], :<, 5_928
+    grown = policy.growth_shortfall(after_gc, req, cover: 2.1, want: 10)
+    assert_equal 5_730, grown[1], "a tenth of pool 1's 57,299 slots"
+    assert_equal 0, grown[2], "pool 2, 74% free, would pass Ruby's free share"
+    assert_equal [1, [0, 5_730, 0, 0, 0]], policy.grow_by_allocation(after_gc, grown, req, budget: 64 << 20, cover: 2.1)
+    # Short by more than a tenth: by what it lacks.
+    cramped = pooled([[243_969, 156_027], [57_299, 40_000], [59_276, 15_217], [4_278, 794], [4_783, 235]])
+    assert_operator policy.shortfall(cramped, req, cover: 2.1, want: 10)[1], :>, 5_730
+    assert_equal policy.shortfall(cramped, req, cover: 2.1, want: 10)[1],
+                 policy.growth_shortfall(cramped, req, cover: 2.1, want: 10)[1]
+  end
+
   # Recorded on Ruby 3.4, "tiny" shape behind Puma, right after a GC: the
   # main pool holds 191 requests, the 160-byte pool 358 and the 80-byte pool
   # 1,100; the collector ran a GC every 190 requests where Ruby alone, its
