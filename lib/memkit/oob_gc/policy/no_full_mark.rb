@@ -176,6 +176,14 @@ module Memkit
         # holding 6 requests to its 9.7, ran a GC every 5 (1.5x Ruby alone's
         # GC runs at the same heap).
         #
+        # The pool run dry is the one that holds the fewest requests where
+        # Ruby's step there holds the plan, else the one with the fewest free
+        # slots of those whose step does (the cheapest to run dry): run dry,
+        # the 160-byte pool of the Rails bench app (45,793 slots) let Ruby
+        # add 25,375 slots, which the 80- and 160-byte pools took, and the
+        # main pool, planned for 21,941, took none and was grown again, a GC
+        # more, three GCs later.
+        #
         # With full marks off, Ruby grows the heap only after a GC that
         # allocation started (heap_prepare), as pages any pool may take, and
         # a major grows a pool only if its sweep freed more than it found
@@ -192,25 +200,38 @@ module Memkit
           sizes = heaps.map { |h| h.fetch(:slot_size, BASE_SLOT_SIZE) }
           held = held(free, objects)
           under = heaps.each_with_index.map { |h, i| free.fetch(i) < slots_for_free_minimum(h, i) * @min_free_ratio }
-          pool = short.each_index.select { |i| short[i].positive? }.min_by do |i|
+          driest = short.each_index.select { |i| short[i].positive? }.min_by do |i|
             [held[i] < cover ? 0 : (under[i] ? 1 : 2), held[i]]
           end or return
 
+          steps = heaps.each_index.map { |i| growth_step(reading, i) }
+          dry = heaps.each_index.select { |i| objects.fetch(i, 0).positive? } | [driest]
           plan = Array.new(short.size, 0)
-          bytes = [budget, growth_step(reading, pool), @step_bytes].min
-          bytes -= level(plan, cover, held, objects, short, sizes, bytes)
+          room = Room.new([budget, @step_bytes].min, dry.map { |i| steps[i] }.max)
+          level(plan, cover, held, objects, short, sizes, room)
           short.each_index do |i|
             next unless under[i] && short[i] > plan[i]
 
             slots = [floor(heaps[i], i, free[i], objects.fetch(i, 0)), short[i]].min - plan[i]
-            slots = [slots, bytes / sizes[i]].min
+            slots = [slots, room.bytes / sizes[i], room.slots].min
             next unless slots.positive?
 
             plan[i] += slots
-            bytes -= slots * sizes[i]
+            room.take(slots, sizes[i])
           end
-          level(plan, Float::INFINITY, held, objects, short, sizes, bytes)
-          [pool, plan] if plan.sum.positive?
+          level(plan, Float::INFINITY, held, objects, short, sizes, room)
+          return unless plan.sum.positive?
+
+          pool = steps[driest] >= plan.sum ? driest : dry.select { |i| steps[i] >= plan.sum }.min_by { |i| free[i] }
+          [pool, plan]
+        end
+
+        # What a growth may still add: bytes, and slots of Ruby's step.
+        Room = Struct.new(:bytes, :slots) do
+          def take(slots, size)
+            self.bytes -= slots * size
+            self.slots -= slots
+          end
         end
 
         # Ruby's growth factor (RUBY_GC_HEAP_GROWTH_FACTOR) and free goal
@@ -218,15 +239,17 @@ module Memkit
         GROWTH_FACTOR = 1.8
         GOAL_RATIO = 0.4
 
-        # Bytes Ruby may add when pool `index` runs dry: heap_prepare grows the
-        # heap to `f` times the pool's slots, where `f` would leave the goal
-        # ratio free counting the slots the sweep has freed so far, at most the
-        # growth factor. Right after the GC the sweep has hardly begun, so `f`
-        # is near 1 / (1 - goal ratio): two thirds of the pool's bytes.
+        # Slots Ruby may add when pool `index` runs dry: heap_prepare grows
+        # the heap to `f` times the pool's slots, where `f` would leave the
+        # goal ratio free counting the slots the sweep has freed so far, at
+        # most the growth factor. Right after the GC the sweep has hardly
+        # begun, so `f` is near 1 / (1 - goal ratio): two thirds of the
+        # pool's slots. Ruby 3.4 counts them as slots, shared: whichever pool
+        # takes a page uses up as many as the page holds of its own.
         def growth_step(reading, index)
           h = reading.fetch(:heaps).fetch(index)
           f = [1 / (1 - GOAL_RATIO), GROWTH_FACTOR].min
-          ((f - 1) * h.fetch(:heap_eden_slots) * h.fetch(:slot_size, BASE_SLOT_SIZE)).ceil
+          ((f - 1) * h.fetch(:heap_eden_slots)).ceil
         end
 
         # Slots per pool the heap lacks, just after a GC, to hold `cover`
@@ -410,11 +433,11 @@ module Memkit
         def nofree_after(_kind, _reading); end
 
         # Adds to `plan` the slots that raise the pools holding the fewest
-        # requests to one level, at most `cap` requests, within `bytes`;
-        # returns the bytes added. Bisects the level: a pool at `held`
+        # requests to one level, at most `cap` requests, within `room` (a
+        # Room, which it takes from). Bisects the level: a pool at `held`
         # requests takes (level - held) requests' slots, up to what it is
         # `short`.
-        def level(plan, cap, held, objects, short, sizes, bytes)
+        def level(plan, cap, held, objects, short, sizes, room)
           take = lambda do |lvl|
             short.each_index.map do |i|
               need = objects.fetch(i, 0)
@@ -423,23 +446,25 @@ module Memkit
               [[((lvl - held[i]) * need).floor, short[i]].min - plan[i], 0].max
             end
           end
-          cost = ->(slots) { slots.each_with_index.sum { |n, i| n * sizes[i] } }
+          fits = ->(slots) { slots.each_with_index.sum { |n, i| n * sizes[i] } <= room.bytes && slots.sum <= room.slots }
           low = held.min
           high = short.each_index.map { |i| objects.fetch(i, 0).positive? ? held[i] + short[i].fdiv(objects[i]) : 0 }.max
           high = [high, cap].min
-          return 0 if high <= low
+          return if high <= low
 
-          if cost.(take.(high)) <= bytes
+          if fits.(take.(high))
             low = high
           else
             40.times do
               mid = (low + high) / 2
-              cost.(take.(mid)) <= bytes ? low = mid : high = mid
+              fits.(take.(mid)) ? low = mid : high = mid
             end
           end
           slots = take.(low)
-          slots.each_index { |i| plan[i] += slots[i] }
-          cost.(slots)
+          slots.each_index do |i|
+            plan[i] += slots[i]
+            room.take(slots[i], sizes[i])
+          end
         end
 
         # `reading` without the shared allocatable slots, which the next GC
