@@ -207,19 +207,19 @@ module Memkit
           steps = heaps.each_index.map { |i| growth_step(reading, i) }
           dry = heaps.each_index.select { |i| objects.fetch(i, 0).positive? } | [driest]
           plan = Array.new(short.size, 0)
-          room = Room.new([budget, @step_bytes].min, dry.map { |i| steps[i] }.max)
-          level(plan, cover, held, objects, short, sizes, room)
+          left = Left.new([budget, @step_bytes].min, dry.map { |i| steps[i] }.max)
+          level(plan, cover, held, objects, short, sizes, left)
           short.each_index do |i|
             next unless under[i] && short[i] > plan[i]
 
             slots = [floor(heaps[i], i, free[i], objects.fetch(i, 0)), short[i]].min - plan[i]
-            slots = [slots, room.bytes / sizes[i], room.slots].min
+            slots = [slots, left.bytes / sizes[i], left.slots].min
             next unless slots.positive?
 
             plan[i] += slots
-            room.take(slots, sizes[i])
+            left.take(slots, sizes[i])
           end
-          level(plan, Float::INFINITY, held, objects, short, sizes, room)
+          level(plan, Float::INFINITY, held, objects, short, sizes, left)
           return unless plan.sum.positive?
 
           pool = steps[driest] >= plan.sum ? driest : dry.select { |i| steps[i] >= plan.sum }.min_by { |i| free[i] }
@@ -227,7 +227,7 @@ module Memkit
         end
 
         # What a growth may still add: bytes, and slots of Ruby's step.
-        Room = Struct.new(:bytes, :slots) do
+        Left = Struct.new(:bytes, :slots) do
           def take(slots, size)
             self.bytes -= slots * size
             self.slots -= slots
@@ -433,11 +433,11 @@ module Memkit
         def nofree_after(_kind, _reading); end
 
         # Adds to `plan` the slots that raise the pools holding the fewest
-        # requests to one level, at most `cap` requests, within `room` (a
-        # Room, which it takes from). Bisects the level: a pool at `held`
+        # requests to one level, at most `cap` requests, within `left` (a
+        # Left, which it takes from). Bisects the level: a pool at `held`
         # requests takes (level - held) requests' slots, up to what it is
         # `short`.
-        def level(plan, cap, held, objects, short, sizes, room)
+        def level(plan, cap, held, objects, short, sizes, left)
           take = lambda do |lvl|
             short.each_index.map do |i|
               need = objects.fetch(i, 0)
@@ -446,7 +446,9 @@ module Memkit
               [[((lvl - held[i]) * need).floor, short[i]].min - plan[i], 0].max
             end
           end
-          fits = ->(slots) { slots.each_with_index.sum { |n, i| n * sizes[i] } <= room.bytes && slots.sum <= room.slots }
+          fits = lambda do |slots|
+            slots.each_with_index.sum { |n, i| n * sizes[i] } <= left.bytes && slots.sum <= left.slots
+          end
           low = held.min
           high = short.each_index.map { |i| objects.fetch(i, 0).positive? ? held[i] + short[i].fdiv(objects[i]) : 0 }.max
           high = [high, cap].min
@@ -463,7 +465,7 @@ module Memkit
           slots = take.(low)
           slots.each_index do |i|
             plan[i] += slots[i]
-            room.take(slots[i], sizes[i])
+            left.take(slots[i], sizes[i])
           end
         end
 
