@@ -644,13 +644,16 @@ class OobGCPolicyTest < Minitest::Test
     assert_operator plan.each_with_index.sum { |n, i| n * (40 << i) }, :<=, 4 << 20
   end
 
+  # The Rails bench app on 3.4 (Ruby's initial slots in every pool), with
+  # `objects` per request per pool.
+  def rails34(objects) = [Policy::NoFullMark.new(init_slots: [10_000] * 5), profile(objects)]
+
   # Recorded on Ruby 3.4, the Rails bench app behind Unicorn, a worker's
   # 30th GC: pools 1 and 2 a few slots short of `want` requests. Each growth
   # costs a GC of its own; grown by what they lacked, the pools grew again
   # and again as their live objects crept up.
   def test_no_full_mark_grows_a_pool_by_a_tenth_at_least_or_not_at_all
-    policy = Policy::NoFullMark.new(init_slots: [10_000] * 5)
-    req = profile([5_450, 1_446, 2_733, 213, 48])
+    policy, req = rails34([5_450, 1_446, 2_733, 213, 48])
     after_gc = pooled([[243_969, 156_027], [57_299, 28_929], [59_276, 15_217], [4_278, 794], [4_783, 235]])
     short = policy.shortfall(after_gc, req, cover: 2.1, want: 10)
     assert_operator short[1], :<, 5_730
@@ -672,8 +675,7 @@ class OobGCPolicyTest < Minitest::Test
   # pool, which holds the fewest requests, let it allow 25,375, and the main
   # pool took none.
   def test_no_full_mark_runs_dry_a_pool_whose_step_holds_the_plan
-    policy = Policy::NoFullMark.new(init_slots: [10_000] * 5)
-    req = profile([5_453, 1_447, 2_734, 212, 48])
+    policy, req = rails34([5_453, 1_447, 2_734, 212, 48])
     after_gc = pooled([[219_403, 156_564], [46_655, 29_366], [45_793, 15_611], [3_868, 472], [4_786, 451]])
     short = policy.growth_shortfall(after_gc, req, cover: 2.1, want: 10)
     assert_equal [21_941, 11_220, 13_900, 0, 0], short

@@ -350,8 +350,8 @@ module Memkit
           return short unless level > low
 
           size = reading.fetch(:heaps).fetch(pool).fetch(:slot_size, BASE_SLOT_SIZE)
-          cap = (lives(reading).fetch(pool) * MAX_FREE_SHARE / (1 - MAX_FREE_SHARE)) - free[pool] - short[pool]
-          slots = [((level - low) * objects[pool]).ceil, cap.floor, spare / size].min
+          cap = room(free[pool], lives(reading).fetch(pool)) - short[pool]
+          slots = [((level - low) * objects[pool]).ceil, cap, spare / size].min
           return short unless slots.positive?
 
           short.dup.tap { |s| s[pool] += slots }
