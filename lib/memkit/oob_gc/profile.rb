@@ -67,10 +67,11 @@ module Memkit
         @size = 0
         @at = 0 # where the next request goes in the ring
         @malloc = []
-        @learned = [[].freeze, 0].freeze
+        @learned = [[].freeze, 0, [].freeze].freeze
         @limits = [].freeze # per pool, objects past which a request is part of a shift (#shifted)
         @malloc_limit = RECENT
         @picked = [[], 0] # the window's percentiles at the last relearn
+        @tops = [] # per pool, the most objects a request of the window allocated (as of the last relearn, or more)
         @version = 0
         @stale = 0 # records since the percentiles were taken
         @recorded = 0 # requests recorded in all, up to SETTLED
@@ -95,6 +96,10 @@ module Memkit
           objects = before ? now[i] - before[i] : now[i]
           (@columns[i] ||= Array.new(@size, 0))[at] = objects
           shifted = true if objects > limits.fetch(i, RECENT)
+          if objects > @tops.fetch(i, 0)
+            @tops[i] = objects
+            shifted = true
+          end
           i += 1
         end
         (now.size...@columns.size).each { |j| @columns[j][at] = 0 } if now.size < @columns.size
@@ -129,6 +134,14 @@ module Memkit
       # Malloc'd bytes one request adds, at the percentile.
       def malloc = @learned.fetch(1)
 
+      # Objects per pool of the window's largest request there (never less
+      # than #objects).
+      def tops = @learned.fetch(2)
+
+      # [#objects, #malloc, #tops], frozen: what a decision taken from the
+      # figures depends on.
+      def learned = @learned
+
       def to_h = { requests: size, objects: objects, malloc: malloc }
 
       private
@@ -150,6 +163,7 @@ module Memkit
       def relearn
         @stale = 0
         @picked = [@columns.map { |c| pick(c) }, pick(@malloc)]
+        @tops = @columns.map(&:max)
         learn
       end
 
@@ -160,8 +174,9 @@ module Memkit
       # figures are taken again.
       def learn
         picked = @picked
-        learned = [@columns.each_with_index.map { |c, i| shifted(picked[0].fetch(i, 0), recent(c)) }.freeze,
-                   shifted(picked[1], ranked(@malloc.last(RECENT)))].freeze
+        objects = @columns.each_with_index.map { |c, i| shifted(picked[0].fetch(i, 0), recent(c)) }.freeze
+        tops = objects.each_with_index.map { |o, i| [@tops.fetch(i, 0), o].max }.freeze
+        learned = [objects, shifted(picked[1], ranked(@malloc.last(RECENT))), tops].freeze
         return if learned == @learned
 
         @learned = learned
