@@ -25,7 +25,9 @@
 # slots, the other's at 69,121), and the mean per value is a heap neither
 # had); --patch FILE has each worker load FILE after memkit (a
 # prototype change to OobGC, measured without editing lib/); --label names
-# such a run in the tables. Besides the GC counts, each row keeps why the
+# such a run in the tables; --record DIR has each worker write, per request,
+# the objects it allocated per size pool to DIR/req-MODE-PID.log (input for
+# bench/oobgc_replay.rb). Besides the GC counts, each row keeps why the
 # GCs inside requests ran (gc_by/major_by), the workers' RSS sampled every 25
 # requests (mean), and at exit the object heap's pages and the RSS by kind
 # of mapping: brk (glibc's main arena), anonymous >= 32 MB (3.1's transient
@@ -96,7 +98,7 @@ module OobgcRails
     path
   end
 
-  def start(server, mode, dir, boot_env, patch = nil, skip: SKIP)
+  def start(server, mode, dir, boot_env, patch = nil, skip: SKIP, record: nil)
     port = Memkit::Loopback.free_port
     log = File.join(dir, "#{server}.log")
     env = { "BUNDLE_GEMFILE" => GEMFILE, "BENCH_RAILS_DB" => DB, "COW_MEMKIT" => "plain",
@@ -104,7 +106,8 @@ module OobgcRails
             # Bundler 4 (Ruby 3.4's) names the outer bundle's lock too.
             "BUNDLE_LOCKFILE" => nil, "BUNDLER_SETUP" => nil,
             "OOBGC" => mode == "memkit" ? "1" : nil, "OOBGC_DIR" => dir, "OOBGC_SKIP" => skip.to_s,
-            "OOBGC_PATCH" => mode == "memkit" && patch ? File.expand_path(patch) : nil }
+            "OOBGC_PATCH" => mode == "memkit" && patch ? File.expand_path(patch) : nil,
+            "OOBGC_RECORD" => record && File.expand_path(record), "OOBGC_MODE" => mode }
     env.merge!(boot_env.transform_values(&:to_s)) if mode.start_with?("heap")
     # A rackup file on Puma's command line overrides the one in puma.rb.
     argv = server == "unicorn" ? %w[unicorn -c unicorn.rb oobgc.ru] : %w[puma -C puma.rb oobgc.ru]
@@ -175,7 +178,7 @@ module OobgcRails
   def cell(server, mode, load, opts, boot_env: {}, pace: 0)
     Dir.mktmpdir("memkit-oobgc-rails") do |dir|
       script = lua(dir)
-      pid, port = start(server, mode, dir, boot_env, opts[:patch], skip: opts[:skip])
+      pid, port = start(server, mode, dir, boot_env, opts[:patch], skip: opts[:skip], record: opts[:record])
       begin
         # Rails requests take 5-30 ms: this many seconds of saturated load
         # gives each worker well over SKIP requests.
@@ -239,6 +242,10 @@ module OobgcRails
       o.on("--modes LIST", Array, "memkit,none,heap (default all three)") { |v| opts[:modes] = v }
       o.on("--patch FILE", "memkit mode's workers load FILE after memkit") { |v| opts[:patch] = v }
       o.on("--label NAME", "names this run's rows in the tables") { |v| opts[:label] = v }
+      o.on("--record DIR", "each worker writes its requests' objects per pool to DIR") do |v|
+        FileUtils.mkdir_p(v)
+        opts[:record] = v
+      end
       o.on("--repeat N", Integer, "run it all N times in turn; the median GC/req ratio") { |v| opts[:repeat] = v }
       o.on("--anchor KIND", "heap mode at memkit's advised boot_env (advised) or its heap at exit (actual); " \
                             "workers: also one heapw run per memkit worker, at that worker's boot_env") do |v|

@@ -17,6 +17,10 @@
 # where a request saw several), the worker's RSS sampled every SAMPLE
 # requests (mean and largest), and at exit what the RSS is made of: the
 # object heap's pages, and glibc's malloc arenas (mallinfo2) where present.
+#
+# OOBGC_RECORD names a directory where each worker writes one line per
+# request (Ruby 3.2+): the objects it allocated in each size pool, as
+# bench/oobgc_replay.rb reads them.
 require "json"
 require "memkit/libc"
 require_relative "../probe_files"
@@ -33,6 +37,8 @@ module BenchRails
       @app = app
       @dir = dir
       @seen = 0
+      @record = ENV["OOBGC_RECORD"] if GC.respond_to?(:stat_heap)
+      @log = nil # the worker's record file, opened at its first request
       zero
       GcProbe.track(self)
     end
@@ -42,7 +48,9 @@ module BenchRails
       zero if @seen == SKIP + 1
       count = GC.count
       major = GC.stat(:major_gc_count)
+      before = pool_counts if @record
       response = @app.call(env)
+      record(before) if @record
       if (ran = GC.count - count).positive?
         @inside += ran
         @inside_major += GC.stat(:major_gc_count) - major
@@ -72,6 +80,18 @@ module BenchRails
     end
 
     private
+
+    def record(before)
+      now = pool_counts
+      @log ||= File.open(File.join(@record, "req-#{ENV.fetch('OOBGC_MODE', 'app')}-#{Process.pid}.log"), "a")
+      @log.puts(now.zip(before).map { |n, b| n - b }.join(" "))
+      @log.flush
+    end
+
+    # Objects allocated per pool so far, read one count at a time: one
+    # Array, where GC.stat_heap builds a Hash per pool.
+    POOLS = GC.respond_to?(:stat_heap) ? GC.stat_heap.size : 0
+    def pool_counts = Array.new(POOLS) { |i| GC.stat_heap(i, :total_allocated_objects) }
 
     def zero
       @gc = GC.count
