@@ -141,7 +141,9 @@ module OobgcReplay
       o.on("--skip N", Integer, "requests that only teach the profile (default 100)") { |v| opts[:skip] = v }
       o.on("--synthetic", "seeded request sizes with tails, two workers each") { opts[:synthetic] = true }
     end.parse(argv)
-    abort "no request logs given (bench/oobgc_rails.rb --record DIR), nor --synthetic" if files.empty? && !opts[:synthetic]
+    if files.empty? && !opts[:synthetic]
+      abort "no request logs given (bench/oobgc_rails.rb --record DIR), nor --synthetic"
+    end
 
     policy = Policy::SizePools.new(headroom: HEADROOM)
     puts "oobgc_replay: #{RUBY_DESCRIPTION}; #{Time.now.utc.strftime('%F %T')} UTC"

@@ -63,8 +63,10 @@ module Memkit
         # at each growth: the rest stays for pools that run short later.
         short = @policy.growth_shortfall(reading, profile, cover: cover, want: want, spare: @growth.budget / 2)
         short = grow_freely(reading, short)
-        settled = @dried_at.nil? || GC.count > @dried_at
-        @pool, @plan = (@policy.grow_by_allocation(reading, short, profile, budget: @growth.budget, cover: cover) if settled)
+        @pool = @plan = nil
+        return unless @dried_at.nil? || GC.count > @dried_at
+
+        @pool, @plan = @policy.grow_by_allocation(reading, short, profile, budget: @growth.budget, cover: cover)
       end
 
       # Runs the minor GC due as Ruby's own where a growth is planned
@@ -321,7 +323,8 @@ module Memkit
       # Pool `index`'s free slots, the sweep done.
       def free_slots(index)
         heap = GC.stat_heap(index)
-        [heap.fetch(:heap_eden_slots) - (heap.fetch(:total_allocated_objects) - heap.fetch(:total_freed_objects)), 0].max
+        live = heap.fetch(:total_allocated_objects) - heap.fetch(:total_freed_objects)
+        [heap.fetch(:heap_eden_slots) - live, 0].max
       end
 
       # The object pages the heap has gained since the first #run_dry, taken

@@ -450,7 +450,9 @@ module Memkit
             slots.each_with_index.sum { |n, i| n * sizes[i] } <= left.bytes && slots.sum <= left.slots
           end
           low = held.min
-          high = short.each_index.map { |i| objects.fetch(i, 0).positive? ? held[i] + short[i].fdiv(objects[i]) : 0 }.max
+          high = short.each_index.map do |i|
+            objects.fetch(i, 0).positive? ? held[i] + short[i].fdiv(objects[i]) : 0
+          end.max
           high = [high, cap].min
           return if high <= low
 

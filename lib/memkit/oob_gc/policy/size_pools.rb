@@ -213,7 +213,8 @@ module Memkit
              @marked[0] == before[0] && count == before[0] + 1
             _, allocated, freed = before
             since = allocated.each_with_index.map { |a, i| a - @marked[1].fetch(i) }
-            garbage = allocated.each_with_index.sum { |a, i| a - freed[i] } - reading.fetch(:stat).fetch(:heap_marked_slots)
+            occupied = allocated.each_with_index.sum { |a, i| a - freed[i] }
+            garbage = occupied - reading.fetch(:stat).fetch(:heap_marked_slots)
             survivors = [since.sum - garbage, 0].max
             @sweep = Sweep.new(count, since.map { |a| [a - survivors, 0].max }, freed)
           end
