@@ -913,25 +913,6 @@ class OobGCPolicyTest < Minitest::Test
     assert apart.holds?([38_000, 0, 0], base, 0)
   end
 
-  # What a pool allocates within the free slots of its own pages no other
-  # pool can take: charged for the others' bytes only past those.
-  def test_margins_charge_no_pool_within_its_own_pages
-    policy = Policy::SizePools.new(headroom: 1.0)
-    req = profile([10_000, 0, 100])
-    # Pool 2: 2,000 slots free in its pages, 10,000 counted of the shared.
-    reading = pooled([[200_000, 100_000], [50_000, 40_000], [20_000, 18_000]], shared_allocatable: 40_000)
-    margins = policy.margins(reading, req)
-    assert_equal [129_900, nil, 11_800], margins.objects
-    assert_equal [89_900, nil, 1_800], margins.own
-    base = [0, 0, 0]
-    assert margins.holds?([45_000, 0, 1_800], base, 0), "pool 2 within its own pages"
-    refute margins.holds?([45_000, 0, 1_801], base, 0), "pool 2 past them, charged for pool 0's pages"
-    assert margins.holds?([10_000, 0, 1_801], base, 0), "past them, within its share"
-    # A relearn moves both margins alike.
-    moved = policy.remargin(margins, req.learned, profile([10_000, 0, 150]).learned)
-    assert_equal [89_900, nil, 1_750], moved.own
-  end
-
   # The advice at boot is the heap the worker has: the pages it uses, each
   # pool's slots rounded up to whole pages, not the allocatable pages Ruby
   # would add later; more where the next `cover` requests would not fit.

@@ -152,24 +152,15 @@ module Memkit
           need = objects.fetch(i, 0)
           f - reserve(need, headroom, tops.fetch(i, nil)).ceil if need.positive?
         end
-        sizes = shared_slot_sizes(reading)
-        own = (shared_less(pools, reading, sizes) if sizes)
-        Margins.new(pools, malloc_margin(reading, profile.malloc, headroom), slot_sizes: sizes, own: own)
-      end
-
-      # Pool `margins` less the shared allocatable slots #free counts in
-      # each (Ruby 3.4): the room a pool has in pages of its own.
-      def shared_less(margins, reading, sizes)
-        shared = reading.fetch(:stat).fetch(:heap_allocatable_slots)
-        margins.each_with_index.map { |m, i| m && (m - (shared * SizePools::BASE_SLOT_SIZE / sizes[i])) }
+        Margins.new(pools, malloc_margin(reading, profile.malloc, headroom), slot_sizes: shared_slot_sizes(reading))
       end
 
       # #margins as they would have been at the same reading had the profile
       # learned `to` in place of `from` (each Profile#learned): a relearn
       # moves the reserves, not the heap, so the margins move by the
-      # difference. The quiet stretch then outlasts the relearn
-      # that a high percentile makes every quarter window, most of them by a
-      # few objects. nil where a pool `from` did not bound now needs room:
+      # difference. The quiet stretch then outlasts the relearn that a high
+      # percentile makes every quarter window, most of them by a few
+      # objects. nil where a pool `from` did not bound now needs room:
       # its free slots are not in the margins. The malloc margin only ever
       # falls: it may be a bound that does not move with the profile
       # (NoFullMark's oldmalloc room).
@@ -178,19 +169,17 @@ module Memkit
         now = to.fetch(0)
         return if was.empty?
 
-        moved = margins.objects.each_with_index.map do |margin, i|
+        objects = margins.objects.each_with_index.map do |margin, i|
           need = now.fetch(i, 0)
           next unless need.positive?
           return unless margin
 
-          reserve(was.fetch(i, 0), headroom, from.fetch(2).fetch(i, nil)).ceil -
+          margin + reserve(was.fetch(i, 0), headroom, from.fetch(2).fetch(i, nil)).ceil -
             reserve(need, headroom, to.fetch(2).fetch(i, nil)).ceil
         end
-        objects = margins.objects.each_with_index.map { |margin, i| moved[i] && (margin + moved[i]) }
-        own = margins.own&.each_with_index&.map { |margin, i| moved[i] && margin && (margin + moved[i]) }
         fall = [(from.fetch(1) * headroom).ceil - (to.fetch(1) * headroom).ceil, 0].min
         malloc = margins.malloc && (margins.malloc + fall)
-        Margins.new(objects, malloc, slot_sizes: margins.slot_sizes, own: own)
+        Margins.new(objects, malloc, slot_sizes: margins.slot_sizes)
       end
 
       # What #margins answers: how much may be allocated, objects per pool
@@ -201,22 +190,16 @@ module Memkit
         # slots, which #free counts in every pool: a page one pool takes is
         # room the others lose. Where that holds (`slot_sizes` given), each
         # pool's margin is charged the bytes the other pools allocated too, and
-        # a page's worth per pool for pages taken but not yet filled; but not
-        # while the pool's own allocation stays within its `own` margin, the
-        # room in its own pages, which no other pool takes. Charged from the
-        # first object, a 320-byte pool of the Rails bench app (3.4), a few
-        # thousand slots free, was past its margin after each request, and
-        # the collector took a reading after nearly all of them.
+        # a page's worth per pool for pages taken but not yet filled.
         PAGE_BYTES = 64 << 10
 
-        attr_reader :objects, :slot_sizes, :own
+        attr_reader :objects, :slot_sizes
         attr_accessor :malloc
 
-        def initialize(objects, malloc, slot_sizes: nil, own: nil)
+        def initialize(objects, malloc, slot_sizes: nil)
           @objects = objects
           @malloc = malloc
           @slot_sizes = slot_sizes
-          @own = own
         end
 
         # The smallest pool margin, a bound on all allocation together; nil
@@ -244,7 +227,7 @@ module Memkit
             if (margin = @objects[i])
               own = now[i] - base[i]
               charged = sizes ? own + ((bytes - (own * sizes[i])) / sizes[i]) : own
-              return false if charged > margin && !(@own && (room = @own[i]) && own <= room)
+              return false if charged > margin
             end
             i += 1
           end
