@@ -30,7 +30,7 @@ module OobgcReplay
   # name => ->(policy, profile, recent, pool) { free slots below which it collects }
   RULES = {
     "memkit" => lambda do |policy, profile, _recent, i|
-      policy.reserve(profile.objects.fetch(i), HEADROOM, profile.tops.fetch(i))
+      policy.reserve(profile.objects.fetch(i), HEADROOM, profile.tops.fetch(i), profile.highs.fetch(i))
     end,
     "1.1x percentile + 1,000" => lambda do |_policy, profile, _recent, i|
       need = profile.objects.fetch(i)

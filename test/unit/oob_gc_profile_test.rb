@@ -117,7 +117,7 @@ class OobGCProfileTest < Minitest::Test
     assert_equal [1_300, 10], profile.tops
     assert_equal [1_000, 10], profile.objects, "one request does not move the percentile"
     assert_operator profile.version, :>, version
-    assert_equal [profile.objects, profile.malloc, profile.tops], profile.learned
+    assert_equal [profile.objects, profile.malloc, profile.tops, profile.highs], profile.learned
     # Gone from the window, at the next relearn (every quarter window).
     40.times { profile.record([1_000, 10], 0) }
     10.times { profile.record([1_000, 10], 0) }

@@ -148,9 +148,10 @@ module Memkit
 
         objects = profile.objects
         tops = profile.tops
+        highs = profile.highs
         pools = free(reading).each_with_index.map do |f, i|
           need = objects.fetch(i, 0)
-          f - reserve(need, headroom, tops.fetch(i, nil)).ceil if need.positive?
+          f - reserve(need, headroom, tops.fetch(i, nil), highs.fetch(i, nil)).ceil if need.positive?
         end
         Margins.new(pools, malloc_margin(reading, profile.malloc, headroom), slot_sizes: shared_slot_sizes(reading))
       end
@@ -174,8 +175,8 @@ module Memkit
           next unless need.positive?
           return unless margin
 
-          margin + reserve(was.fetch(i, 0), headroom, from.fetch(2).fetch(i, nil)).ceil -
-            reserve(need, headroom, to.fetch(2).fetch(i, nil)).ceil
+          margin + reserve(was.fetch(i, 0), headroom, from.fetch(2).fetch(i, nil), from.fetch(3).fetch(i, nil)).ceil -
+            reserve(need, headroom, to.fetch(2).fetch(i, nil), to.fetch(3).fetch(i, nil)).ceil
         end
         fall = [(from.fetch(1) * headroom).ceil - (to.fetch(1) * headroom).ceil, 0].min
         malloc = margins.malloc && (margins.malloc + fall)
@@ -275,17 +276,22 @@ module Memkit
       # Free slots in a pool below which the collector runs a GC: the
       # request's objects at the headroom, and a GAP (scaled down for a pool
       # a request barely uses). The headroom's fraction of a request insures
-      # against one above the percentile; no more than the largest request
-      # of the window (`top`, Profile#tops) where that is less. Every slot
-      # of the reserve is room a cycle leaves unused, which Ruby alone at the
-      # same heap uses up: on the Rails bench app (3.4), whose largest
-      # request is its 95th percentile and 20-40 objects, a reserve of 1.1
-      # times the percentile and 1,000 slots made 4.6-5.3% more GC runs than
-      # collecting just before a pool runs dry, this 1.2-2.1% (replayed
-      # from each worker's recorded requests, bench/oobgc_replay.rb).
-      def reserve(need, headroom = @headroom, top = nil)
+      # against one above the percentile: no more than the largest request
+      # of the window (`top`, Profile#tops) where that is less, and no less
+      # than its HIGH percentile (`high`, Profile#highs) where that is more.
+      # Every slot of the reserve is room a cycle leaves unused, which Ruby
+      # alone at the same heap uses up: replayed from the Rails bench app's
+      # recorded requests (3.4), whose largest request is its 95th
+      # percentile and 20-40 objects, a reserve of 1.1 times the percentile
+      # and 1,000 slots ran 1.045x Ruby alone's GC runs, this 1.025x. Without
+      # the HIGH floor, requests with a tail (5% of them 2-4 times the
+      # others) kept 89.3% of a worker's GC runs out of requests; with it
+      # 97.4% (bench/oobgc_replay.rb).
+      def reserve(need, headroom = @headroom, top = nil, high = nil)
+        whole = need * (headroom - 1).floor
         allowance = need * headroom
-        allowance = [allowance, top + (need * (headroom - 1).floor)].min if top && top >= need
+        allowance = [allowance, top + whole].min if top && top >= need
+        allowance = [allowance, high + whole].max if high
         allowance + [GAP, need].min
       end
 
@@ -458,9 +464,10 @@ module Memkit
       def pools_short?(reading, profile, headroom)
         objects = profile.objects
         tops = profile.tops
+        highs = profile.highs
         free(reading).each_with_index.any? do |f, i|
           need = objects.fetch(i, 0)
-          need.positive? && f < reserve(need, headroom, tops.fetch(i, nil))
+          need.positive? && f < reserve(need, headroom, tops.fetch(i, nil), highs.fetch(i, nil))
         end
       end
 

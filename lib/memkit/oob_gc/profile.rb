@@ -50,6 +50,11 @@ module Memkit
       # The requests forgotten, once SETTLED are recorded (see above).
       FIRST = 16
       SETTLED = 2 * FIRST
+      # The percentile a request the next one may be is taken at, beside the
+      # learned one (Policy#reserve): the 4th-5th largest of 200, so one
+      # outlier does not move it, while a tail of large requests does
+      # (a report page among lists).
+      HIGH = 0.98
 
       attr_reader :window, :percentile, :version
 
@@ -67,10 +72,10 @@ module Memkit
         @size = 0
         @at = 0 # where the next request goes in the ring
         @malloc = []
-        @learned = [[].freeze, 0, [].freeze].freeze
+        @learned = [[].freeze, 0, [].freeze, [].freeze].freeze
         @limits = [].freeze # per pool, objects past which a request is part of a shift (#shifted)
         @malloc_limit = RECENT
-        @picked = [[], 0] # the window's percentiles at the last relearn
+        @picked = [[], 0, []] # the window's percentiles, and its HIGH ones per pool, at the last relearn
         @tops = [] # per pool, the most objects a request of the window allocated (as of the last relearn, or more)
         @version = 0
         @stale = 0 # records since the percentiles were taken
@@ -138,7 +143,11 @@ module Memkit
       # than #objects).
       def tops = @learned.fetch(2)
 
-      # [#objects, #malloc, #tops], frozen: what a decision taken from the
+      # Objects per pool at the window's HIGH percentile (or #percentile, if
+      # higher), between #objects and #tops.
+      def highs = @learned.fetch(3)
+
+      # [#objects, #malloc, #tops, #highs], frozen: what a decision taken from the
       # figures depends on.
       def learned = @learned
 
@@ -162,7 +171,8 @@ module Memkit
       # The window's percentiles, on the schedule above.
       def relearn
         @stale = 0
-        @picked = [@columns.map { |c| pick(c) }, pick(@malloc)]
+        high = [@percentile, HIGH].max
+        @picked = [@columns.map { |c| pick(c) }, pick(@malloc), @columns.map { |c| pick(c, high) }]
         @tops = @columns.map(&:max)
         learn
       end
@@ -176,7 +186,8 @@ module Memkit
         picked = @picked
         objects = @columns.each_with_index.map { |c, i| shifted(picked[0].fetch(i, 0), recent(c)) }.freeze
         tops = objects.each_with_index.map { |o, i| [@tops.fetch(i, 0), o].max }.freeze
-        learned = [objects, shifted(picked[1], ranked(@malloc.last(RECENT))), tops].freeze
+        highs = objects.each_with_index.map { |o, i| picked[2].fetch(i, 0).clamp(o, tops[i]) }.freeze
+        learned = [objects, shifted(picked[1], ranked(@malloc.last(RECENT))), tops, highs].freeze
         return if learned == @learned
 
         @learned = learned
@@ -206,10 +217,10 @@ module Memkit
       end
 
       # The value at the percentile's rank: the n-th largest.
-      def pick(values)
+      def pick(values, percentile = @percentile)
         return 0 if values.empty?
 
-        values.max(values.size - [(values.size * @percentile).ceil - 1, 0].max).last
+        values.max(values.size - [(values.size * percentile).ceil - 1, 0].max).last
       end
     end
   end
