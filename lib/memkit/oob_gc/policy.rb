@@ -249,11 +249,11 @@ module Memkit
       # the collector once it has `reserve` left, F / (F - reserve) times as
       # often: under (want + 1) / want. Sized for `want` requests instead, a
       # pool a request uses unevenly collected 1.18x Ruby's GC runs on the
-      # Rails bench app. Only up to
-      # where Ruby would give the pages back: a GC that finds more than 65%
-      # of the heap free (GC_HEAP_FREE_SLOTS_MAX_RATIO) frees pages down to
-      # that share, so a heap grown past it shrinks at the next GC and
-      # growing it again costs major GCs.
+      # Rails bench app. Only up to where Ruby would give the pages back: a
+      # GC that finds more than 65% of the heap free
+      # (GC_HEAP_FREE_SLOTS_MAX_RATIO) frees pages down to that share, so a
+      # heap grown past it shrinks at the next GC and growing it again costs
+      # major GCs.
       def shortfall(reading, profile, cover:, want: cover, balance: 16)
         free = free(reading)
         objects = profile.objects
