@@ -16,7 +16,7 @@
 # holds less than its reserve, learned from the requests before, and inside
 # a request that finds a pool empty all the same. Every cycle starts with
 # `free` slots per pool: by default what OobGC sizes a heap for, COVER + 1
-# allowances (Policy#allowance) of the requests' 95th percentile. Prints per
+# reserves (Policy#reserve) of the requests' 95th percentile. Prints per
 # rule the GC runs against Ruby alone's and the share out of requests.
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
 require "memkit/oob_gc"
@@ -27,14 +27,12 @@ module OobgcReplay
   HEADROOM = Memkit::OobGC::Collector::DEFAULTS.fetch(:headroom)
   WINDOW = 200
 
-  # name => ->(policy, profile, recent, pool) { free slots below which it collects }
+  # name => ->(policy, profile, recent, pool) { free slots below which it collects }; `recent`: per
+  # pool, the objects of the last WINDOW requests.
   RULES = {
-    "memkit" => lambda do |policy, profile, _recent, i|
-      policy.reserve(profile.objects.fetch(i), HEADROOM, profile.tops.fetch(i), profile.highs.fetch(i))
-    end,
-    "1.1x percentile + 1,000" => lambda do |_policy, profile, _recent, i|
-      need = profile.objects.fetch(i)
-      (need * HEADROOM) + [1_000, need].min
+    "memkit" => ->(policy, profile, _recent, i) { policy.reserve(profile.objects.fetch(i), HEADROOM) },
+    "1.1x or largest + 100" => lambda do |_policy, profile, recent, i|
+      [profile.objects.fetch(i) * HEADROOM, recent[i].max].min + 100
     end,
     "98th percentile + 100" => ->(_policy, _profile, recent, i) { rank(recent[i], 0.98) + 100 },
     "largest + 100" => ->(_policy, _profile, recent, i) { recent[i].max + 100 }
@@ -63,7 +61,7 @@ module OobgcReplay
   def sized(requests, policy)
     requests.transpose.map do |column|
       need = rank(column, 0.95)
-      need.positive? ? ((Memkit::OobGC::Collector::COVER + 1) * policy.allowance(need)).ceil : 0
+      need.positive? ? ((Memkit::OobGC::Collector::COVER + 1) * policy.reserve(need)).ceil : 0
     end
   end
 

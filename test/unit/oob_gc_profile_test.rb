@@ -105,25 +105,6 @@ class OobGCProfileTest < Minitest::Test
     assert_equal 10, profile.size
   end
 
-  # The window's largest request per pool (the cap on the headroom's
-  # insurance, Policy#reserve): raised by the request that passes it, and
-  # version with it; lowered once that request has left the window.
-  def test_tops_are_the_windows_largest_request
-    profile = Profile.new(window: 40)
-    Profile::SETTLED.times { profile.record([1_000, 10], 0) }
-    assert_equal [1_000, 10], profile.tops
-    version = profile.version
-    profile.record([1_300, 10], 0)
-    assert_equal [1_300, 10], profile.tops
-    assert_equal [1_000, 10], profile.objects, "one request does not move the percentile"
-    assert_operator profile.version, :>, version
-    assert_equal [profile.objects, profile.malloc, profile.tops, profile.highs], profile.learned
-    # Gone from the window, at the next relearn (every quarter window).
-    40.times { profile.record([1_000, 10], 0) }
-    10.times { profile.record([1_000, 10], 0) }
-    assert_equal [1_000, 10], profile.tops
-  end
-
   # A request during which Ruby collected says nothing of malloc growth.
   def test_malloc_skips_requests_without_a_reading
     profile = Profile.new

@@ -399,7 +399,7 @@ module Memkit
       def relearned(q)
         return q if @profile.version == q.version
 
-        learned = @profile.learned
+        learned = [@profile.objects, @profile.malloc]
         margins = @policy.remargin(q.margins, q.learned, learned, headroom: @hook_headroom)
         @quiet = margins && q.dup.tap do |moved|
           moved.margins = margins
@@ -422,7 +422,7 @@ module Memkit
                end
         @quiet = Quiet.new(stat.fetch(:count), base, stat.fetch(:total_allocated_objects),
                            stat.fetch(:malloc_increase_bytes), margins, @profile.version,
-                           @profile.learned, @policy.kind(reading) == :minor,
+                           [@profile.objects, @profile.malloc], @policy.kind(reading) == :minor,
                            stat.fetch(:oldmalloc_increase_bytes_limit) - stat.fetch(:oldmalloc_increase_bytes),
                            reading.fetch(:info)[:need_major_by])
       end

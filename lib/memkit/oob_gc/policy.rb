@@ -24,16 +24,10 @@ module Memkit
       MAX_FREE_SHARE = 0.6
       # Ruby's GC_MALLOC_LIMIT_MAX default.
       MALLOC_LIMIT_MAX = 32 << 20
-      # Slots per request a pool is sized to hold beyond the learned request
-      # at the headroom (#allowance, #shortfall).
+      # Slots kept free beyond the learned request: what the server itself
+      # allocates between requests, and what the estimate of a lazy sweep
+      # can miss.
       SLACK = 1_000
-      # Slots kept free beyond the request's allowance when deciding whether
-      # the next request fits (#reserve). Few: the learned figure already
-      # counts what the server and the collector allocate between two
-      # requests (a unit is measured from the end of the one before, where
-      # no GC ran between), and the estimate of a lazy sweep errs towards
-      # less free.
-      GAP = 100
 
       def self.detect(gc = GC)
         if gc.respond_to?(:stat_heap) && gc.stat_heap(0).key?(:total_allocated_objects)
@@ -90,7 +84,7 @@ module Memkit
       # it errs low, towards collecting early, never late.
       def sweep_lazily?(reading, profile, kind: :minor, apart: 0)
         reads_sweep?(reading, kind, apart) ||
-          (!profile.empty? && !pools_short?(reading, profile, @headroom + LAZY_REQUESTS))
+          (!profile.empty? && !pools_short?(reading, profile.objects, @headroom + LAZY_REQUESTS))
       end
 
       # Requests' worth of free slots beyond the headroom that let a malloc
@@ -117,7 +111,7 @@ module Memkit
         # Ruby's next GC would have been.
         return :major if major_asked?(reading)
 
-        short = pools_short?(reading, profile, headroom) || malloc_short?(reading, profile.malloc, headroom)
+        short = pools_short?(reading, profile.objects, headroom) || malloc_short?(reading, profile.malloc, headroom)
         return unless short
 
         kind(reading)
@@ -126,7 +120,7 @@ module Memkit
       # Whether the GC due is due for malloc'd bytes alone: the pools hold the
       # next request, the malloc limit does not.
       def malloc_due?(reading, profile, headroom: @headroom)
-        !profile.empty? && !pools_short?(reading, profile, headroom) &&
+        !profile.empty? && !pools_short?(reading, profile.objects, headroom) &&
           malloc_short?(reading, profile.malloc, headroom)
       end
 
@@ -147,21 +141,19 @@ module Memkit
         return if decide(reading, profile, headroom: headroom)
 
         objects = profile.objects
-        tops = profile.tops
-        highs = profile.highs
         pools = free(reading).each_with_index.map do |f, i|
           need = objects.fetch(i, 0)
-          f - reserve(need, headroom, tops.fetch(i, nil), highs.fetch(i, nil)).ceil if need.positive?
+          f - reserve(need, headroom).ceil if need.positive?
         end
         Margins.new(pools, malloc_margin(reading, profile.malloc, headroom), slot_sizes: shared_slot_sizes(reading))
       end
 
       # #margins as they would have been at the same reading had the profile
-      # learned `to` in place of `from` (each Profile#learned): a relearn
-      # moves the reserves, not the heap, so the margins move by the
-      # difference. The quiet stretch then outlasts the relearn that a high
-      # percentile makes every quarter window, most of them by a few
-      # objects. nil where a pool `from` did not bound now needs room:
+      # learned `to` in place of `from` (each [objects per pool, malloc'd
+      # bytes]): a relearn moves the reserves, not the heap, so the margins
+      # move by the difference. The quiet stretch then outlasts the relearn
+      # that a high percentile makes every quarter window, most of them by a
+      # few objects. nil where a pool `from` did not bound now needs room:
       # its free slots are not in the margins. The malloc margin only ever
       # falls: it may be a bound that does not move with the profile
       # (NoFullMark's oldmalloc room).
@@ -175,8 +167,7 @@ module Memkit
           next unless need.positive?
           return unless margin
 
-          margin + reserve(was.fetch(i, 0), headroom, from.fetch(2).fetch(i, nil), from.fetch(3).fetch(i, nil)).ceil -
-            reserve(need, headroom, to.fetch(2).fetch(i, nil), to.fetch(3).fetch(i, nil)).ceil
+          margin + reserve(was.fetch(i, 0), headroom).ceil - reserve(need, headroom).ceil
         end
         fall = [(from.fetch(1) * headroom).ceil - (to.fetch(1) * headroom).ceil, 0].min
         malloc = margins.malloc && (margins.malloc + fall)
@@ -243,17 +234,17 @@ module Memkit
       # runs, and growing it costs little.
       #
       # `want` (more than `cover`, which must fit): each pool holds `want`
-      # + 1 requests' allowances (#allowance), each more than the free slots
-      # at which the collector runs a GC (#reserve). Ruby alone at the same
-      # heap collects once a pool has none left, F free slots after a GC;
-      # the collector once it has `reserve` left, F / (F - reserve) times as
-      # often: under (want + 1) / want. Sized for `want` requests instead, a
-      # pool a request uses unevenly collected 1.18x Ruby's GC runs on the
-      # Rails bench app. Only up to where Ruby would give the pages back: a
-      # GC that finds more than 65% of the heap free
-      # (GC_HEAP_FREE_SLOTS_MAX_RATIO) frees pages down to that share, so a
-      # heap grown past it shrinks at the next GC and growing it again costs
-      # major GCs.
+      # times the free slots at which the collector runs a GC (#reserve),
+      # and one more. Ruby alone at the same heap collects once a pool has
+      # none left, F free slots after a GC; the collector once it has
+      # `reserve` left, F / (F - reserve) times as often: at most (want + 1)
+      # / want. Sized for `want` requests instead, a pool a request uses
+      # unevenly (the reserve is 1.1 times a high percentile, and a slack)
+      # collected 1.18x Ruby's GC runs on the Rails bench app. Only up to
+      # where Ruby would give the pages back: a GC that finds more than 65%
+      # of the heap free (GC_HEAP_FREE_SLOTS_MAX_RATIO) frees pages down to
+      # that share, so a heap grown past it shrinks at the next GC and
+      # growing it again costs major GCs.
       def shortfall(reading, profile, cover:, want: cover, balance: 16)
         free = free(reading)
         objects = profile.objects
@@ -262,7 +253,7 @@ module Memkit
         target = [cover, [held, balance].min].max
         wanted = []
         if want > cover && objects.sum.positive?
-          wanted = objects.map { |need| need.positive? ? (want + 1) * allowance(need) : 0 }
+          wanted = objects.map { |need| need.positive? ? (want + 1) * reserve(need) : 0 }
           room = live(reading) * MAX_FREE_SHARE / (1 - MAX_FREE_SHARE)
           scale = [1.0, room.fdiv(wanted.sum)].min
           wanted.map! { |slots| slots * scale }
@@ -274,30 +265,9 @@ module Memkit
       end
 
       # Free slots in a pool below which the collector runs a GC: the
-      # request's objects at the headroom, and a GAP (scaled down for a pool
-      # a request barely uses). The headroom's fraction of a request insures
-      # against one above the percentile: no more than the largest request
-      # of the window (`top`, Profile#tops) where that is less, and no less
-      # than its HIGH percentile (`high`, Profile#highs) where that is more.
-      # Every slot of the reserve is room a cycle leaves unused, which Ruby
-      # alone at the same heap uses up: replayed from the Rails bench app's
-      # recorded requests (3.4), whose largest request is its 95th
-      # percentile and 20-40 objects, a reserve of 1.1 times the percentile
-      # and 1,000 slots ran 1.045x Ruby alone's GC runs, this 1.025x. Without
-      # the HIGH floor, requests with a tail (5% of them 2-4 times the
-      # others) kept 89.3% of a worker's GC runs out of requests; with it
-      # 97.4% (bench/oobgc_replay.rb).
-      def reserve(need, headroom = @headroom, top = nil, high = nil)
-        whole = need * (headroom - 1).floor
-        allowance = need * headroom
-        allowance = [allowance, top + whole].min if top && top >= need
-        allowance = [allowance, high + whole].max if high
-        allowance + [GAP, need].min
-      end
-
-      # Slots per request a pool is sized for (#shortfall): the request at
-      # the headroom, and a slack.
-      def allowance(need) = (need * @headroom) + [SLACK, need].min
+      # request's objects at the headroom, and a slack (scaled down for a
+      # pool a request barely uses).
+      def reserve(need, headroom = @headroom) = (need * headroom) + [SLACK, need].min
 
       # Requests each pool's `free` slots hold, at `objects` per request
       # (infinite for a pool requests do not use).
@@ -325,7 +295,7 @@ module Memkit
 
       # Whether a heap just collected has fewer free slots than #decide keeps
       # in reserve: the next request may run out of them, and GC inside.
-      def cramped?(reading, profile) = !profile.empty? && pools_short?(reading, profile, @headroom)
+      def cramped?(reading, profile) = !profile.empty? && pools_short?(reading, profile.objects, @headroom)
 
       # Whether Ruby has asked for a major (need_major_by, 3.3+) that the
       # collector is to run.
@@ -351,7 +321,7 @@ module Memkit
       # request. Then it runs at once, in the same pause; otherwise when
       # #decide finds it due, where Ruby would have run it.
       def major_due?(reading, profile)
-        !profile.empty? && major_pending?(reading) && pools_short?(reading, profile, @headroom)
+        !profile.empty? && major_pending?(reading) && pools_short?(reading, profile.objects, @headroom)
       end
 
       # Whether oldmalloc is past its limit: the next minor GC will raise the
@@ -461,13 +431,10 @@ module Memkit
 
       def shady(stat) = stat.fetch(:remembered_wb_unprotected_objects, 0)
 
-      def pools_short?(reading, profile, headroom)
-        objects = profile.objects
-        tops = profile.tops
-        highs = profile.highs
+      def pools_short?(reading, objects, headroom)
         free(reading).each_with_index.any? do |f, i|
           need = objects.fetch(i, 0)
-          need.positive? && f < reserve(need, headroom, tops.fetch(i, nil), highs.fetch(i, nil))
+          need.positive? && f < reserve(need, headroom)
         end
       end
 

@@ -50,11 +50,6 @@ module Memkit
       # The requests forgotten, once SETTLED are recorded (see above).
       FIRST = 16
       SETTLED = 2 * FIRST
-      # The percentile a request the next one may be is taken at, beside the
-      # learned one (Policy#reserve): the 4th-5th largest of 200, so one
-      # outlier does not move it, while a tail of large requests does
-      # (a report page among lists).
-      HIGH = 0.98
 
       attr_reader :window, :percentile, :version
 
@@ -72,11 +67,10 @@ module Memkit
         @size = 0
         @at = 0 # where the next request goes in the ring
         @malloc = []
-        @learned = [[].freeze, 0, [].freeze, [].freeze].freeze
+        @learned = [[].freeze, 0].freeze
         @limits = [].freeze # per pool, objects past which a request is part of a shift (#shifted)
         @malloc_limit = RECENT
-        @picked = [[], 0, []] # the window's percentiles, and its HIGH ones per pool, at the last relearn
-        @tops = [] # per pool, the most objects a request of the window allocated (as of the last relearn, or more)
+        @picked = [[], 0] # the window's percentiles at the last relearn
         @version = 0
         @stale = 0 # records since the percentiles were taken
         @recorded = 0 # requests recorded in all, up to SETTLED
@@ -101,10 +95,6 @@ module Memkit
           objects = before ? now[i] - before[i] : now[i]
           (@columns[i] ||= Array.new(@size, 0))[at] = objects
           shifted = true if objects > limits.fetch(i, RECENT)
-          if objects > @tops.fetch(i, 0)
-            @tops[i] = objects
-            shifted = true
-          end
           i += 1
         end
         (now.size...@columns.size).each { |j| @columns[j][at] = 0 } if now.size < @columns.size
@@ -139,18 +129,6 @@ module Memkit
       # Malloc'd bytes one request adds, at the percentile.
       def malloc = @learned.fetch(1)
 
-      # Objects per pool of the window's largest request there (never less
-      # than #objects).
-      def tops = @learned.fetch(2)
-
-      # Objects per pool at the window's HIGH percentile (or #percentile, if
-      # higher), between #objects and #tops.
-      def highs = @learned.fetch(3)
-
-      # [#objects, #malloc, #tops, #highs], frozen: what a decision taken from the
-      # figures depends on.
-      def learned = @learned
-
       def to_h = { requests: size, objects: objects, malloc: malloc }
 
       private
@@ -171,9 +149,7 @@ module Memkit
       # The window's percentiles, on the schedule above.
       def relearn
         @stale = 0
-        high = [@percentile, HIGH].max
-        @picked = [@columns.map { |c| pick(c) }, pick(@malloc), @columns.map { |c| pick(c, high) }]
-        @tops = @columns.map(&:max)
+        @picked = [@columns.map { |c| pick(c) }, pick(@malloc)]
         learn
       end
 
@@ -184,10 +160,8 @@ module Memkit
       # figures are taken again.
       def learn
         picked = @picked
-        objects = @columns.each_with_index.map { |c, i| shifted(picked[0].fetch(i, 0), recent(c)) }.freeze
-        tops = objects.each_with_index.map { |o, i| [@tops.fetch(i, 0), o].max }.freeze
-        highs = objects.each_with_index.map { |o, i| picked[2].fetch(i, 0).clamp(o, tops[i]) }.freeze
-        learned = [objects, shifted(picked[1], ranked(@malloc.last(RECENT))), tops, highs].freeze
+        learned = [@columns.each_with_index.map { |c, i| shifted(picked[0].fetch(i, 0), recent(c)) }.freeze,
+                   shifted(picked[1], ranked(@malloc.last(RECENT)))].freeze
         return if learned == @learned
 
         @learned = learned
@@ -217,10 +191,10 @@ module Memkit
       end
 
       # The value at the percentile's rank: the n-th largest.
-      def pick(values, percentile = @percentile)
+      def pick(values)
         return 0 if values.empty?
 
-        values.max(values.size - [(values.size * percentile).ceil - 1, 0].max).last
+        values.max(values.size - [(values.size * @percentile).ceil - 1, 0].max).last
       end
     end
   end
