@@ -37,7 +37,7 @@ module BenchRails
       @app = app
       @dir = dir
       @seen = 0
-      @record = ENV["OOBGC_RECORD"] if GC.respond_to?(:stat_heap)
+      @record = ENV["OOBGC_RECORD"] if POOLS
       @log = nil # the worker's record file, opened at its first request
       zero
       GcProbe.track(self)
@@ -48,7 +48,7 @@ module BenchRails
       zero if @seen == SKIP + 1
       count = GC.count
       major = GC.stat(:major_gc_count)
-      before = pool_counts if @record
+      before = allocated_pools if @record
       response = @app.call(env)
       record(before) if @record
       if (ran = GC.count - count).positive?
@@ -82,16 +82,12 @@ module BenchRails
     private
 
     def record(before)
-      now = pool_counts
+      now = allocated_pools
       @log ||= File.open(File.join(@record, "req-#{ENV.fetch('OOBGC_MODE', 'app')}-#{Process.pid}.log"), "a")
       @log.puts(now.zip(before).map { |n, b| n - b }.join(" "))
       @log.flush
     end
 
-    # Objects allocated per pool so far, read one count at a time: one
-    # Array, where GC.stat_heap builds a Hash per pool.
-    POOLS = GC.respond_to?(:stat_heap) ? GC.stat_heap.size : 0
-    def pool_counts = Array.new(POOLS) { |i| GC.stat_heap(i, :total_allocated_objects) }
 
     def zero
       @gc = GC.count
@@ -106,12 +102,13 @@ module BenchRails
       @oob0 = oob_stats
     end
 
-    # Objects allocated per size pool so far (Ruby 3.3+), nil before.
-    def allocated_pools
-      return unless GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects)
+    # Size pools that count their allocations (Ruby 3.3+), nil before.
+    POOLS = (GC.stat_heap.size if GC.respond_to?(:stat_heap) && GC.stat_heap(0).key?(:total_allocated_objects))
 
-      GC.stat_heap.map { |_, h| h.fetch(:total_allocated_objects) }
-    end
+    # Objects allocated per size pool so far, nil before Ruby 3.3; read one
+    # count at a time (one Array, where GC.stat_heap builds a Hash per pool),
+    # as it is read around each request where requests are recorded.
+    def allocated_pools = (Array.new(POOLS) { |i| GC.stat_heap(i, :total_allocated_objects) } if POOLS)
 
     def rss_kb = File.read("/proc/self/statm").split[1].to_i * 4
 

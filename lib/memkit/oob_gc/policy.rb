@@ -254,7 +254,7 @@ module Memkit
         wanted = []
         if want > cover && objects.sum.positive?
           wanted = objects.map { |need| need.positive? ? (want + 1) * reserve(need) : 0 }
-          room = live(reading) * MAX_FREE_SHARE / (1 - MAX_FREE_SHARE)
+          room = most_free(live(reading))
           scale = [1.0, room.fdiv(wanted.sum)].min
           wanted.map! { |slots| slots * scale }
         end
@@ -263,6 +263,10 @@ module Memkit
           slots > f ? slots - f : 0
         end
       end
+
+      # Free slots a heap with `live` objects keeps after a GC before Ruby
+      # gives pages back (MAX_FREE_SHARE of the heap free).
+      def most_free(live) = live * MAX_FREE_SHARE / (1 - MAX_FREE_SHARE)
 
       # Free slots in a pool below which the collector runs a GC: the
       # request's objects at the headroom, and a slack (scaled down for a

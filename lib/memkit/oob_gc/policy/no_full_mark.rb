@@ -300,11 +300,9 @@ module Memkit
         # free: 4-7% of the GC runs.
         LEAST_STEP = 0.1
 
-        # Slots pool with `live` objects and `free` slots after a GC takes
-        # before a GC would give pages back: one that finds more than Ruby's
-        # free share (MAX_FREE_SHARE) of the heap free frees pages down to
-        # it.
-        def room(free, live) = ((live * MAX_FREE_SHARE / (1 - MAX_FREE_SHARE)) - free).floor
+        # Slots a pool with `live` objects and `free` slots after a GC takes
+        # before a GC would give pages back (#most_free).
+        def room(free, live) = (most_free(live) - free).floor
 
         # Slots pool `index` (`heap`, `free` slots free after a GC) takes to
         # keep Ruby's free goal: GOAL_RATIO of its slots once grown, or of its
