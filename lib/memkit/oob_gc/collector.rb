@@ -141,7 +141,12 @@ module Memkit
         # bound and Ruby's free-share limit allow): each pool holds `@want`
         # times the free slots at which the collector runs a GC, and one more,
         # so that it runs at most 1.1x the GCs of Ruby alone at that heap
-        # (Policy#shortfall).
+        # (Policy#shortfall). From the heap's first sizing on: the profile
+        # has settled by then (a worker's first requests, where a Rails app
+        # compiles its templates, have left it). Sized for `cover` until
+        # `regrow_after` requests, a Rails worker on 3.4 took the rest in
+        # steps after its 100th request and ran 1.13-1.17x the GC runs of
+        # Ruby alone at the heap it ended with (docs/BENCHMARKS.md).
         @want = [@cover, COVER].max
         @hook_headroom = headroom + 1
         @seen = 0 # units of work finished
@@ -502,42 +507,30 @@ module Memkit
       # budget.
       def grow(reading)
         if @no_full_mark
-          # Ruby 3.4's growth by running a pool dry: bounded by pages, at a
-          # share of the RSS when the heap is first sized, and again once the
-          # worker has served `regrow_after` requests and the heap grows for
-          # `want` of them, beyond what it has grown by then. A growth's pages
-          # count only once taken (DryGrowth#plan), so where the first share
-          # is not yet counted the second takes its place; added on top of it,
-          # the second share cost p99 and passed the RSS line on "large"
-          # (docs/BENCHMARKS.md, "the second growth share on top of the
-          # first"). Taken once, the share was spent holding a young worker's
-          # next requests: on the "large" shape 1.3x Ruby alone's GC runs
-          # with 0.94x its RSS. Measured RSS (RssBudget) stopped it on the app
-          # that mallocs 8 MB per request, whose RSS swings by more than the
-          # bound between GCs: 328 GCs where this ran 160
-          # (docs/BENCHMARKS.md, "OobGC on the Rails app").
-          stage = @seen >= @regrow_after ? :warm : :young
-          unless @bounded == stage
-            @bounded = stage
+          # Ruby 3.4's growth by running a pool dry: bounded by pages and by
+          # a share of the RSS when the heap is first sized. A growth's pages
+          # count only once taken (DryGrowth#plan). A second share once the
+          # worker had served `regrow_after` requests grew the heap well
+          # after its warm-up (a 160-byte pool by 24,000 slots at a Puma
+          # worker's 464th request), and the "large" shape passed the RSS line
+          # (1.31x no OobGC, docs/BENCHMARKS.md). Measured RSS (RssBudget)
+          # stopped it on the app that mallocs 8 MB per request, whose RSS
+          # swings by more than the bound between GCs: 328 GCs where this ran
+          # 160 (docs/BENCHMARKS.md, "OobGC on the Rails app").
+          unless @bounded
+            @bounded = true
             rss = HeapGrowth.rss
             @growth.allow((rss * RSS_SHARE).to_i) if rss
           end
         elsif @rss_top
           @growth.allow(@rss_budget.bytes(@rss_top, @growth.grown_bytes))
         end
-        # A fresh worker's first requests allocate more than later ones (a
-        # Rails app compiles each template at its first render): a heap sized
-        # for `want` of them spent the whole growth budget on the main pool
-        # on the Rails bench app (3.4), and the pool that then ran dry first
-        # was left as it was. Until `regrow_after` requests, the heap grows
-        # only to hold the next `cover`.
-        want = @seen >= @regrow_after ? @want : @cover
         if @no_full_mark
           # Grown by the next minor GC due instead: no GC of its own.
-          @dry.plan(reading, @profile, cover: @cover, want: want)
+          @dry.plan(reading, @profile, cover: @cover, want: @want)
           short = []
         else
-          short = @policy.shortfall(reading, @profile, cover: @cover, want: want)
+          short = @policy.shortfall(reading, @profile, cover: @cover, want: @want)
         end
         if short.any?(&:positive?) && @growth.budget.positive? &&
            (@grown_at.nil? || @seen - @grown_at >= @regrow_wait)
@@ -562,7 +555,7 @@ module Memkit
             # Each attempt costs major GCs: one that won Ruby over less than
             # half the slots asked for (or, one step at a time, none) waits
             # twice as long before the next.
-            still = @policy.shortfall(after, @profile, cover: @cover, want: want)
+            still = @policy.shortfall(after, @profile, cover: @cover, want: @want)
             @refused = starving ? still.sum > short.sum / 2 : added.zero?
             @regrow_wait = @refused ? @regrow_wait * 2 : @regrow_after
           end
