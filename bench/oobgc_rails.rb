@@ -69,7 +69,11 @@ module OobgcRails
   def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
   # The same page mix in every run: HTML lists, product and category pages,
-  # the JSON API; every third request in French.
+  # the JSON API; every third request in French. wrk draws each request from
+  # it at random (#lua): cycled in order, with two workers taking requests
+  # in turn, one worker got more of the pages that fill the 40-byte pool and
+  # the other more of those that fill the 160-byte one, and a worker's GC
+  # runs per request moved by up to 25% between runs at the same heap.
   def paths(count = 240)
     cats = %w[books music garden tools toys kitchen sports travel office health]
     Array.new(count) do |i|
@@ -82,16 +86,15 @@ module OobgcRails
   def lua(dir)
     path = File.join(dir, "paths.lua")
     File.write(path, <<~LUA)
-      -- cycles each connection through the bench's page mix; OOBGC_PACE_MS
-      -- pauses between a response and the next request
+      -- draws each request from the bench's page mix, seeded per thread;
+      -- OOBGC_PACE_MS pauses between a response and the next request
       local paths = { #{paths.map(&:inspect).join(', ')} }
       local pace = tonumber(os.getenv("OOBGC_PACE_MS") or "0")
       local counter = 0
       function setup(thread) counter = counter + 1; thread:set("offset", counter * 61) end
-      local i = 0
+      function init(args) math.randomseed(1000 + (offset or 0)) end
       function request()
-        i = i + 1
-        return wrk.format("GET", paths[((i + (offset or 0)) % #paths) + 1])
+        return wrk.format("GET", paths[math.random(#paths)])
       end
       if pace > 0 then function delay() return pace end end
     LUA
