@@ -97,7 +97,8 @@ module Memkit
       #   heap at run time, so that a collected heap holds the next requests
       #   (0 turns growing off; boot_env in stats still says what to set).
       # regrow_after: requests between two steps of growth, and before growing
-      #   again a heap Ruby has shrunk.
+      #   again a heap Ruby has shrunk (Ruby 3.1-3.3: on 3.4 the heap grows
+      #   by the plan DryGrowth makes at each GC).
       # full_mark: on Ruby 3.4+ (GC.config), :auto stops Ruby's own major
       #   GCs while serving and runs them between requests; true leaves them
       #   to Ruby.
@@ -143,10 +144,11 @@ module Memkit
         # so that it runs at most 1.1x the GCs of Ruby alone at that heap
         # (Policy#shortfall). From the heap's first sizing on: the profile
         # has settled by then (a worker's first requests, where a Rails app
-        # compiles its templates, have left it). Sized for `cover` until
-        # `regrow_after` requests, a Rails worker on 3.4 took the rest in
-        # steps after its 100th request and ran 1.13-1.17x the GC runs of
-        # Ruby alone at the heap it ended with (docs/BENCHMARKS.md).
+        # compiles its templates, have left it). A heap sized for `cover`
+        # first and for `want` only later grows in steps while the worker
+        # serves: a Rails worker on 3.4, sized for `want` from its 100th
+        # request, ran 1.13-1.17x the GC runs of Ruby alone at the heap it
+        # ended with (docs/BENCHMARKS.md).
         @want = [@cover, COVER].max
         @hook_headroom = headroom + 1
         @seen = 0 # units of work finished
@@ -509,11 +511,11 @@ module Memkit
         if @no_full_mark
           # Ruby 3.4's growth by running a pool dry: bounded by pages and by
           # a share of the RSS when the heap is first sized. A growth's pages
-          # count only once taken (DryGrowth#plan). A second share once the
-          # worker had served `regrow_after` requests grew the heap well
+          # count only once taken (DryGrowth#plan). A second share, once the
+          # worker has served `regrow_after` requests, grows the heap well
           # after its warm-up (a 160-byte pool by 24,000 slots at a Puma
-          # worker's 464th request), and the "large" shape passed the RSS line
-          # (1.31x no OobGC, docs/BENCHMARKS.md). Measured RSS (RssBudget)
+          # worker's 464th request) and took the "large" shape past the RSS
+          # line (1.31x no OobGC, docs/BENCHMARKS.md). Measured RSS (RssBudget)
           # stopped it on the app that mallocs 8 MB per request, whose RSS
           # swings by more than the bound between GCs: 328 GCs where this ran
           # 160 (docs/BENCHMARKS.md, "OobGC on the Rails app").
