@@ -88,7 +88,6 @@ module BenchRails
       @log.flush
     end
 
-
     def zero
       @gc = GC.count
       @allocated = GC.stat(:total_allocated_objects)

@@ -159,6 +159,7 @@ module Memkit
         @no_full_mark = @policy.is_a?(Policy::NoFullMark)
         @dry = DryGrowth.new(policy: @policy, growth: @growth) if @no_full_mark
         @quiet = nil # see #quiet
+        @bounded = false # whether the growth budget's RSS share is set (Ruby 3.4, #grow)
         OutOfBand.register(:oob_gc, order: 50) { OobGC.out_of_band }
         Counters.update(policy: @policy.name)
       end
@@ -406,7 +407,7 @@ module Memkit
       def relearned(q)
         return q if @profile.version == q.version
 
-        learned = [@profile.objects, @profile.malloc]
+        learned = @profile.learned
         margins = @policy.remargin(q.margins, q.learned, learned, headroom: @hook_headroom)
         @quiet = margins && q.dup.tap do |moved|
           moved.margins = margins
@@ -429,7 +430,7 @@ module Memkit
                end
         @quiet = Quiet.new(stat.fetch(:count), base, stat.fetch(:total_allocated_objects),
                            stat.fetch(:malloc_increase_bytes), margins, @profile.version,
-                           [@profile.objects, @profile.malloc], @policy.kind(reading) == :minor,
+                           @profile.learned, @policy.kind(reading) == :minor,
                            stat.fetch(:oldmalloc_increase_bytes_limit) - stat.fetch(:oldmalloc_increase_bytes),
                            reading.fetch(:info)[:need_major_by])
       end

@@ -129,6 +129,10 @@ module Memkit
       # Malloc'd bytes one request adds, at the percentile.
       def malloc = @learned.fetch(1)
 
+      # [#objects, #malloc], frozen: what the collector keeps of the figures
+      # it took its margins with (Policy#remargin), with no Array of its own.
+      def learned = @learned
+
       def to_h = { requests: size, objects: objects, malloc: malloc }
 
       private
