@@ -648,6 +648,9 @@ class OobGCPolicyTest < Minitest::Test
   # `objects` per request per pool.
   def rails34(objects) = [Policy::NoFullMark.new(init_slots: [10_000] * 5), profile(objects)]
 
+  # Half the growth budget of a Rails worker on 3.4 (a fifth of its 90 MB).
+  SPARE = 9 << 20
+
   # Recorded on Ruby 3.4, the Rails bench app behind Unicorn, a worker's
   # 30th GC: pools 1 and 2 a few slots short of `want` requests. Each growth
   # costs a GC of its own; grown by what they lacked, the pools grew again
@@ -658,27 +661,55 @@ class OobGCPolicyTest < Minitest::Test
     short = policy.shortfall(after_gc, req, cover: 2.1, want: 10)
     assert_operator short[1], :<, 5_730
     assert_operator short[2], :<, 5_928
-    grown = policy.growth_shortfall(after_gc, req, cover: 2.1, want: 10)
-    assert_equal 5_730, grown[1], "a tenth of pool 1's 57,299 slots"
+    grown = policy.growth_shortfall(after_gc, req, cover: 2.1, want: 10, spare: SPARE)
+    # What it lacks, and a step of live objects beyond (see the test below).
+    assert_equal 5_730 + short[1], grown[1], "a tenth of pool 1's 57,299 slots beyond"
     assert_equal 0, grown[2], "pool 2, 74% free, would pass Ruby's free share"
-    assert_equal [1, [0, 5_730, 0, 0, 0]], policy.grow_by_allocation(after_gc, grown, req, budget: 64 << 20, cover: 2.1)
-    # Short by more than a tenth: by what it lacks.
+    # The main pool, 11,000 slots from short, grows with it (see the test
+    # below).
+    assert_equal [0, [24_397, 5_857, 0, 0, 0]],
+                 policy.grow_by_allocation(after_gc, grown, req, budget: 64 << 20, cover: 2.1)
+    # Short by more than a tenth: by what it lacks, and a tenth.
     cramped = pooled([[243_969, 156_027], [57_299, 40_000], [59_276, 15_217], [4_278, 794], [4_783, 235]])
     assert_operator policy.shortfall(cramped, req, cover: 2.1, want: 10)[1], :>, 5_730
-    assert_equal policy.shortfall(cramped, req, cover: 2.1, want: 10)[1],
-                 policy.growth_shortfall(cramped, req, cover: 2.1, want: 10)[1]
+    assert_equal policy.shortfall(cramped, req, cover: 2.1, want: 10)[1] + 5_730,
+                 policy.growth_shortfall(cramped, req, cover: 2.1, want: 10, spare: SPARE)[1]
+  end
+
+  # Each growth costs a GC of its own. A Rails worker on 3.4 (probe of
+  # DryGrowth, docs/BENCHMARKS.md) grew its pools three times in its first
+  # 150 requests, one pool at a time as each came short, the main pool at
+  # its 41st request and again at its 122nd as its live objects crept up: a
+  # pool that a step more live objects would leave short grows with the
+  # pool that is short, and only then.
+  def test_no_full_mark_a_growth_takes_along_the_pools_nearly_short
+    policy, req = rails34([5_450, 1_446, 2_733, 213, 48])
+    # The main pool: 87,942 free, 76,945 wanted (11 reserves of 6,995), a
+    # step 24,397.
+    grown = lambda do |main_slots, live1, spare: SPARE|
+      heap = pooled([[main_slots, 156_027], [57_299, live1], [59_276, 15_217], [4_278, 794], [4_783, 235]])
+      policy.growth_shortfall(heap, req, cover: 2.1, want: 10, spare: spare)
+    end
+    assert_equal [24_397, 5_857, 0, 0, 0], grown.(243_969, 28_929)
+    # Nothing short: nothing grows, the main pool as near as before.
+    assert_equal [0] * 5, grown.(243_969, 20_000)
+    # A main pool more than a step from short stays as it is.
+    assert_equal [0, 5_857, 0, 0, 0], grown.(300_000, 28_929)
+    # No step ahead past half the budget: what is short, as it is short.
+    assert_equal [0, 5_730, 0, 0, 0], grown.(243_969, 28_929, spare: 1 << 20)
   end
 
   # Recorded on Ruby 3.4, the Rails bench app behind Unicorn, a worker's
-  # 23rd GC (its 104th request): three pools to grow by 46,061 slots. Ruby
+  # 23rd GC (its 104th request): three pools to grow by 46,061 slots (now
+  # 65,870, with a step beyond for the two with room for it). Ruby
   # counts the slots it allows, shared by all pools; run dry, the 160-byte
   # pool, which holds the fewest requests, let it allow 25,375, and the main
   # pool took none.
   def test_no_full_mark_runs_dry_a_pool_whose_step_holds_the_plan
     policy, req = rails34([5_453, 1_447, 2_734, 212, 48])
     after_gc = pooled([[219_403, 156_564], [46_655, 29_366], [45_793, 15_611], [3_868, 472], [4_786, 451]])
-    short = policy.growth_shortfall(after_gc, req, cover: 2.1, want: 10)
-    assert_equal [21_941, 11_220, 13_900, 0, 0], short
+    short = policy.growth_shortfall(after_gc, req, cover: 2.1, want: 10, spare: SPARE)
+    assert_equal [21_941 + 14_143, 4_666 + 11_220, 13_900, 0, 0], short
     assert_operator policy.growth_step(after_gc, 2), :<, short.sum
     pool, plan = policy.grow_by_allocation(after_gc, short, req, budget: 64 << 20, cover: 2.1)
     assert_equal short, plan

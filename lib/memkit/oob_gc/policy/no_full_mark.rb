@@ -274,18 +274,39 @@ module Memkit
           short = shortfall(own, profile, cover: cover, want: want)
           short = balance(own, short, free, profile, spare) if want > cover && spare.positive?
           lives = lives(own)
-          reading.fetch(:heaps).each_with_index.map do |h, i|
+          steps = reading.fetch(:heaps).map { |h| (LEAST_STEP * h.fetch(:heap_eden_slots)).ceil }
+          grow = reading.fetch(:heaps).each_with_index.map do |h, i|
             need = objects.fetch(i, 0)
             next short[i] unless need.positive?
 
             under = floor(h, i, free[i], need)
             next [short[i], under, to_goal(h, i, free[i])].max if under.positive?
+            next short[i] unless short[i].positive? && short[i] < steps[i]
 
-            step = (LEAST_STEP * h.fetch(:heap_eden_slots)).ceil
-            next short[i] unless short[i].positive? && short[i] < step
-
-            room(free[i], lives.fetch(i)) >= step ? step : 0
+            room(free[i], lives.fetch(i)) >= steps[i] ? steps[i] : 0
           end
+          return grow unless grow.any?(&:positive?)
+
+          # A growth costs a GC of its own: each pool it grows, and each that
+          # a step more live objects would leave short, grows for that step
+          # too (see LEAST_STEP), where the growth then stays within `spare`.
+          near = shortfall(crept(own, steps), profile, cover: cover, want: want)
+          ahead = grow.each_with_index.map do |slots, i|
+            next slots unless near.fetch(i, 0).positive?
+
+            step = [near[i], steps[i]].max
+            step > slots && room(free[i], lives.fetch(i)) >= step ? step : slots
+          end
+          sizes = reading.fetch(:heaps).map { |h| h.fetch(:slot_size, BASE_SLOT_SIZE) }
+          ahead.each_with_index.sum { |slots, i| slots * sizes[i] } <= spare ? ahead : grow
+        end
+
+        # `reading` with `more` live objects per pool.
+        def crept(reading, more)
+          heaps = reading.fetch(:heaps).each_with_index.map do |h, i|
+            h.merge(total_allocated_objects: h.fetch(:total_allocated_objects) + more.fetch(i, 0))
+          end
+          reading.merge(heaps: heaps)
         end
 
         # A pool short of `want` requests grows by a tenth of its slots at
@@ -297,7 +318,14 @@ module Memkit
         # Rails bench app's pools (3.4) grew 5-6 times between its workers'
         # 101st and 2,600th requests as their live objects crept up, the
         # 160-byte pool by 11 to 545 slots where it held 73% of its slots
-        # free: 4-7% of the GC runs.
+        # free: 4-7% of the GC runs. Grown to `want` as each pool came
+        # short, the same app's pools grew three times in a worker's first
+        # 150 requests, the main pool twice, 70 requests apart, as live
+        # objects crept up by thousands: so a growth leaves each pool it
+        # grows a step of live objects from short, and takes along the pools
+        # a step would leave short, where that fits in the `spare` half of
+        # the budget. Beyond it, on the "large" shape, the step ahead took
+        # the rest of the budget and Puma's RSS to 1.32-1.33x no OobGC's.
         LEAST_STEP = 0.1
 
         # Slots a pool with `live` objects and `free` slots after a GC takes
