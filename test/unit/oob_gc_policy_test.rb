@@ -700,8 +700,8 @@ class OobGCPolicyTest < Minitest::Test
   end
 
   # Recorded on Ruby 3.4, the Rails bench app behind Unicorn, a worker's
-  # 23rd GC (its 104th request): three pools to grow by 46,061 slots (now
-  # 65,870, with a step beyond for the two with room for it). Ruby
+  # 23rd GC (its 104th request): three pools 46,061 slots short, to grow by
+  # 65,870 with a step beyond in the two with room for it. Ruby
   # counts the slots it allows, shared by all pools; run dry, the 160-byte
   # pool, which holds the fewest requests, let it allow 25,375, and the main
   # pool took none.
