@@ -30,7 +30,8 @@ module OobgcReplay
   # name => ->(policy, profile, recent, pool) { free slots below which it collects }; `recent`: per
   # pool, the objects of the last WINDOW requests.
   RULES = {
-    "memkit" => ->(policy, profile, _recent, i) { policy.reserve(profile.objects.fetch(i), HEADROOM) },
+    "memkit" => ->(policy, profile, _recent, i) { policy.reserve(profile.objects.fetch(i), HEADROOM, profile.beyond[i]) },
+    "1,000 slots of slack" => ->(policy, profile, _recent, i) { policy.reserve(profile.objects.fetch(i), HEADROOM) },
     "1.1x or largest + 100" => lambda do |_policy, profile, recent, i|
       [profile.objects.fetch(i) * HEADROOM, recent[i].max].min + 100
     end,
@@ -61,7 +62,7 @@ module OobgcReplay
   def sized(requests, policy)
     requests.transpose.map do |column|
       need = rank(column, 0.95)
-      need.positive? ? ((Memkit::OobGC::Collector::COVER + 1) * policy.reserve(need)).ceil : 0
+      need.positive? ? ((Memkit::OobGC::Collector::COVER + 1) * policy.reserve(need, HEADROOM, column.max - need)).ceil : 0
     end
   end
 
