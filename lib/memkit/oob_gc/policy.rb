@@ -151,8 +151,9 @@ module Memkit
       end
 
       # #margins as they would have been at the same reading had the profile
-      # learned `to` in place of `from` (each Profile#learned): a relearn moves the reserves, not the heap, so the margins
-      # move by the difference. The quiet stretch then outlasts the relearn
+      # learned `to` in place of `from` (each Profile#learned): a relearn
+      # moves the reserves, not the heap, so the margins move by the
+      # difference. The quiet stretch then outlasts the relearn
       # that a high percentile makes every quarter window, most of them by a
       # few objects. nil where a pool `from` did not bound now needs room:
       # its free slots are not in the margins. The malloc margin only ever
@@ -279,10 +280,11 @@ module Memkit
       # A fixed 1,000 slots was most of the room a cycle left unused on the
       # Rails bench app, whose largest request is within 20-40 objects of its
       # 95th percentile, and which Ruby alone uses up: on its recorded
-      # requests (bench/oobgc_replay.rb) 1.051x Ruby alone's GC runs, and
-      # 1.040x with this slack; where a twentieth of the requests are 2-4
-      # times the rest, the largest sets the slack at SLACK and 98.7% of the
-      # GC runs stay out of requests, where 100 slots kept 93.4%.
+      # requests (bench/oobgc_replay.rb) 1.082x Ruby alone's GC runs, 1.032x
+      # with this slack, and live 1.07-1.10x where it ran 1.10-1.11x. Where a
+      # twentieth of the requests are 2-4 times the rest, the largest sets
+      # the slack at SLACK and 98.7% of the GC runs stay out of requests,
+      # where 100 slots kept 93.4%.
       def reserve(need, headroom = @headroom, beyond = nil)
         slack = beyond ? beyond.clamp(LEAST_SLACK, SLACK) : SLACK
         (need * headroom) + [slack, need].min
