@@ -278,7 +278,7 @@ module Memkit
       # request learned allocated `beyond` them (Profile#beyond; unknown:
       # SLACK), from LEAST_SLACK to SLACK, no more than the request itself.
       # A fixed 1,000 slots was most of the room a cycle left unused on the
-      # Rails bench app, whose largest request is within 20-40 objects of its
+      # Rails bench app, whose largest request is within 2-18 objects of its
       # 95th percentile, and which Ruby alone uses up: on its recorded
       # requests (bench/oobgc_replay.rb) 1.082x Ruby alone's GC runs, 1.032x
       # with this slack, and live 1.07-1.10x where it ran 1.10-1.11x. Where a
