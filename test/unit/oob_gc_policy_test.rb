@@ -912,7 +912,8 @@ class OobGCPolicyTest < Minitest::Test
   def test_remargin_is_the_margins_the_new_profile_gives_at_the_same_reading
     learned = ->(req) { req.learned }
     was = profile(50_000, malloc: 1 << 20)
-    [profile(48_000, malloc: 1 << 20), profile(52_000, malloc: 1 << 20)].each do |now|
+    [profile(48_000, malloc: 1 << 20), profile(52_000, malloc: 1 << 20),
+     profile(50_000, malloc: 1 << 20, beyond: 300)].each do |now|
       policy = Policy::OneHeap.new(page_slots: PAGE, malloc_limit_max: 32 << 20)
       reading = one_heap(free: 200_000, malloc: 4 << 20, malloc_limit: 24 << 20)
       moved = policy.remargin(policy.margins(reading, was), learned[was], learned[now])
