@@ -55,8 +55,11 @@ module Memkit
         heaps = reading[:heaps]
         return unless heaps && reading.fetch(:stat).fetch(:heap_allocatable_slots, 0).positive?
 
-        heaps.map { |h| h.fetch(:slot_size, SizePools::BASE_SLOT_SIZE) }
+        slot_sizes(heaps)
       end
+
+      # Slot size per pool of `heaps` (a reading's GC.stat_heap hashes).
+      def slot_sizes(heaps) = heaps.map { |h| h.fetch(:slot_size, SizePools::BASE_SLOT_SIZE) }
 
       # Whether #free is right in `reading`, taken while the sweep of the GC
       # this process just ran is under way (see OneHeap, SizePools).

@@ -197,7 +197,7 @@ module Memkit
           heaps = reading.fetch(:heaps)
           free = free_slots(own(reading))
           objects = profile.objects
-          sizes = heaps.map { |h| h.fetch(:slot_size, BASE_SLOT_SIZE) }
+          sizes = slot_sizes(heaps)
           held = held(free, objects)
           under = heaps.each_with_index.map { |h, i| free.fetch(i) < slots_for_free_minimum(h, i) * @min_free_ratio }
           driest = short.each_index.select { |i| short[i].positive? }.min_by do |i|
@@ -274,8 +274,9 @@ module Memkit
           short = shortfall(own, profile, cover: cover, want: want)
           short = balance(own, short, free, profile, spare) if want > cover && spare.positive?
           lives = lives(own)
-          steps = reading.fetch(:heaps).map { |h| (LEAST_STEP * h.fetch(:heap_eden_slots)).ceil }
-          grow = reading.fetch(:heaps).each_with_index.map do |h, i|
+          heaps = reading.fetch(:heaps)
+          steps = heaps.map { |h| (LEAST_STEP * h.fetch(:heap_eden_slots)).ceil }
+          grow = heaps.each_with_index.map do |h, i|
             need = objects.fetch(i, 0)
             next short[i] unless need.positive?
 
@@ -297,7 +298,7 @@ module Memkit
             step = [near[i], steps[i]].max
             step > slots && room(free[i], lives.fetch(i)) >= step ? step : slots
           end
-          sizes = reading.fetch(:heaps).map { |h| h.fetch(:slot_size, BASE_SLOT_SIZE) }
+          sizes = slot_sizes(heaps)
           ahead.each_with_index.sum { |slots, i| slots * sizes[i] } <= spare ? ahead : grow
         end
 
