@@ -30,7 +30,7 @@ module WhyRun
     mean = obj.each_index.map { |i| n.zero? ? 0 : WhyProbe::SUM[i].fdiv(n) }
     rows = free.each_index.map do |i|
       next if obj.fetch(i, 0) < 100
-      [i, free[i], @policy.reserve(obj[i], headroom).round, (free[i] / mean[i]).round(1), reading[:heaps][i][:heap_eden_slots]]
+      [i, free[i], @policy.reserve(obj[i], headroom, @profile.beyond[i]).round, (free[i] / mean[i]).round(1), reading[:heaps][i][:heap_eden_slots]]
     end.compact
     WhyProbe::LOG << "#{@seen} #{kind} h=#{headroom} #{rows.inspect}"
     super

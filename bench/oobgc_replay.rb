@@ -16,7 +16,8 @@
 # holds less than its reserve, learned from the requests before, and inside
 # a request that finds a pool empty all the same. Every cycle starts with
 # `free` slots per pool: by default what OobGC sizes a heap for, COVER + 1
-# reserves (Policy#reserve) of the requests' 95th percentile. Prints per
+# reserves (Policy#reserve) of the requests' 95th percentile, the slack
+# what the largest went past it. Prints per
 # rule the GC runs against Ruby alone's and the share out of requests.
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
 require "memkit/oob_gc"
@@ -30,7 +31,10 @@ module OobgcReplay
   # name => ->(policy, profile, recent, pool) { free slots below which it collects }; `recent`: per
   # pool, the objects of the last WINDOW requests.
   RULES = {
-    "memkit" => ->(policy, profile, _recent, i) { policy.reserve(profile.objects.fetch(i), HEADROOM) },
+    "memkit" => lambda do |policy, profile, _recent, i|
+      policy.reserve(profile.objects.fetch(i), HEADROOM, profile.beyond[i])
+    end,
+    "1,000 slots of slack" => ->(policy, profile, _recent, i) { policy.reserve(profile.objects.fetch(i), HEADROOM) },
     "1.1x or largest + 100" => lambda do |_policy, profile, recent, i|
       [profile.objects.fetch(i) * HEADROOM, recent[i].max].min + 100
     end,
@@ -61,7 +65,9 @@ module OobgcReplay
   def sized(requests, policy)
     requests.transpose.map do |column|
       need = rank(column, 0.95)
-      need.positive? ? ((Memkit::OobGC::Collector::COVER + 1) * policy.reserve(need)).ceil : 0
+      next 0 unless need.positive?
+
+      ((Memkit::OobGC::Collector::COVER + 1) * policy.reserve(need, HEADROOM, column.max - need)).ceil
     end
   end
 

@@ -16,7 +16,7 @@ class OobGCPolicyTest < Minitest::Test
                oldmalloc_limit: 16 << 20, state: :none, need_major_by: nil, **extra)
     stat = { count: count, major_gc_count: majors, minor_gc_count: count - majors, heap_free_slots: free,
              heap_eden_pages: eden / PAGE, heap_allocatable_pages: allocatable / PAGE,
-             heap_available_slots: eden, heap_live_slots: eden - free,
+             heap_available_slots: eden, heap_tomb_pages: 0, heap_live_slots: eden - free,
              heap_marked_slots: marked || (eden - free), total_allocated_objects: allocated, old_objects: old,
              old_objects_limit: old_limit, malloc_increase_bytes: malloc, malloc_increase_bytes_limit: malloc_limit,
              oldmalloc_increase_bytes: oldmalloc, oldmalloc_increase_bytes_limit: oldmalloc_limit,
@@ -42,9 +42,14 @@ class OobGCPolicyTest < Minitest::Test
     { stat: base.merge(stat), heaps: heaps, info: { need_major_by: need_major_by, state: state } }
   end
 
-  def profile(objects, malloc: 0, requests: 20)
+  # `requests` requests of `objects` per pool, and one with `beyond` more
+  # in each pool they use (the largest request learned: Policy#reserve's
+  # slack).
+  def profile(objects, malloc: 0, requests: 20, beyond: Policy::SLACK)
     p = Profile.new
-    requests.times { p.record(Array(objects), malloc) }
+    objects = Array(objects)
+    requests.times { p.record(objects, malloc) }
+    p.record(objects.map { |n| n.positive? ? n + beyond : 0 }, malloc) if beyond.positive?
     p
   end
 
@@ -181,11 +186,21 @@ class OobGCPolicyTest < Minitest::Test
     policy = Policy::OneHeap.new(page_slots: PAGE)
     after_gc = one_heap(free: 5_000, marked: 150_000, allocated: 2_000_000, state: :sweeping, count: 11)
     policy.collected(:minor, after_gc)
-    eden = (400_000 / PAGE) * PAGE
-    assert_equal [eden - 150_000], policy.free(after_gc)
+    assert_equal [400_000 - 150_000], policy.free(after_gc)
     later = one_heap(free: 5_000, marked: 150_000, allocated: 2_100_000, state: :sweeping, count: 11)
-    assert_equal [eden - 150_000 - 100_000], policy.free(later)
+    assert_equal [400_000 - 150_000 - 100_000], policy.free(later)
     assert_equal [5_000], policy.free(one_heap(free: 5_000, count: 11)), "sweep over: the count is right"
+  end
+
+  # Pages hold 408 or 409 slots: the heap's slots are what GC.stat counts,
+  # not its pages times 409, less its tomb pages' at most 409 each.
+  def test_lazy_sweep_counts_the_slots_the_pages_hold
+    policy = Policy::OneHeap.new(page_slots: PAGE)
+    pages = { heap_eden_pages: 3_280, heap_tomb_pages: 2, heap_available_slots: 3_282 * 408 }
+    after_gc = one_heap(free: 400, marked: 800_000, allocated: 5_000_000, state: :sweeping, count: 39, **pages)
+    policy.collected(:minor, after_gc)
+    later = one_heap(free: 400, marked: 800_000, allocated: 5_530_000, state: :sweeping, count: 39, **pages)
+    assert_equal [(3_282 * 408) - (2 * PAGE) - 800_000 - 530_000], policy.free(later)
   end
 
   # A minor that would leave the heap short of Ruby's free minimum would be
@@ -852,6 +867,23 @@ class OobGCPolicyTest < Minitest::Test
     refute policy.cramped?(one_heap(eden: 300_000, free: 1_000, marked: 299_000), Profile.new), "nothing learned yet"
   end
 
+  # The slack past the request at the headroom is what the largest request
+  # learned went beyond the figure: at least LEAST_SLACK, at most SLACK, and
+  # no more than the request itself.
+  def test_the_reserve_keeps_what_the_largest_request_went_beyond
+    policy = Policy::OneHeap.new(page_slots: PAGE, headroom: 1.1)
+    reading = ->(free) { one_heap(eden: 300_000, free: free, marked: 300_000 - free) }
+    { 0 => Policy::LEAST_SLACK, 400 => 400, 9_000 => Policy::SLACK }.each do |beyond, slack|
+      req = profile(10_000, beyond: beyond)
+      assert_equal beyond, req.beyond.first
+      reserve = (11_000 + slack).ceil
+      assert_equal :minor, policy.decide(reading.(reserve - 1), req), "#{beyond} beyond"
+      assert_nil policy.decide(reading.(reserve), req), "#{beyond} beyond"
+    end
+    assert_in_delta 55 + 50, policy.reserve(50, 1.1, 9_000), 1e-9, "no more than the request"
+    assert_in_delta 11_000 + Policy::SLACK, policy.reserve(10_000, 1.1), 1e-9, "nothing learned beyond: SLACK"
+  end
+
   # The collector skips readings while allocation stays within the margins:
   # they must be exactly where #decide starts answering.
   def test_margins_end_where_decide_starts_answering
@@ -878,9 +910,10 @@ class OobGCPolicyTest < Minitest::Test
 
   # A relearn moves the margins as a new reading would have, without one.
   def test_remargin_is_the_margins_the_new_profile_gives_at_the_same_reading
-    learned = ->(req) { [req.objects, req.malloc] }
+    learned = ->(req) { req.learned }
     was = profile(50_000, malloc: 1 << 20)
-    [profile(48_000, malloc: 1 << 20), profile(52_000, malloc: 1 << 20)].each do |now|
+    [profile(48_000, malloc: 1 << 20), profile(52_000, malloc: 1 << 20),
+     profile(50_000, malloc: 1 << 20, beyond: 300)].each do |now|
       policy = Policy::OneHeap.new(page_slots: PAGE, malloc_limit_max: 32 << 20)
       reading = one_heap(free: 200_000, malloc: 4 << 20, malloc_limit: 24 << 20)
       moved = policy.remargin(policy.margins(reading, was), learned[was], learned[now])
@@ -909,8 +942,9 @@ class OobGCPolicyTest < Minitest::Test
     was = profile([1_000], malloc: 2 << 20)
     margins = policy.margins(reading, was)
     assert_equal 1 << 20, margins.malloc, "oldmalloc's room"
-    assert_equal 1 << 20, policy.remargin(margins, [was.objects, 2 << 20], [was.objects, 1 << 20]).malloc
-    assert_operator policy.remargin(margins, [was.objects, 2 << 20], [was.objects, 3 << 20]).malloc, :<, 1 << 20
+    at = ->(malloc) { [was.objects, malloc, was.beyond] }
+    assert_equal 1 << 20, policy.remargin(margins, at[2 << 20], at[1 << 20]).malloc
+    assert_operator policy.remargin(margins, at[2 << 20], at[3 << 20]).malloc, :<, 1 << 20
   end
 
   # Ruby 3.4: the pools share one count of allocatable slots, which #free

@@ -114,6 +114,23 @@ class OobGCProfileTest < Minitest::Test
     assert_equal 4096, profile.malloc
   end
 
+  # How far the window's largest request went past the figure: moved by a
+  # new largest at once, and back once it has left the window and the
+  # figures are taken again.
+  def test_beyond_is_the_largest_request_past_the_figure
+    profile = Profile.new(window: 50)
+    Profile::SETTLED.times { profile.record([1_000, 0, 300], 0) }
+    assert_equal [0, 0, 0], profile.beyond
+    version = profile.version
+    profile.record([1_700, 0, 300], 0)
+    assert_equal [700, 0, 0], profile.beyond
+    refute_equal version, profile.version
+    assert_equal [1_000, 0, 300], profile.objects, "one request does not move the percentile"
+    80.times { profile.record([1_000, 0, 310], 0) }
+    assert_equal [0, 0, 0], profile.beyond
+    assert_equal [1_000, 0, 310], profile.objects
+  end
+
   def test_options
     assert_raises(Memkit::InvalidArgument) { Profile.new(window: 0) }
     assert_raises(Memkit::InvalidArgument) { Profile.new(percentile: 0) }

@@ -24,10 +24,11 @@ module Memkit
       MAX_FREE_SHARE = 0.6
       # Ruby's GC_MALLOC_LIMIT_MAX default.
       MALLOC_LIMIT_MAX = 32 << 20
-      # Slots kept free beyond the learned request: what the server itself
-      # allocates between requests, and what the estimate of a lazy sweep
-      # can miss.
+      # Slots kept free beyond the learned request, at most (see #reserve).
       SLACK = 1_000
+      # And at least: the collector's own reading of the heap, which the
+      # requests after a quiet stretch do not count.
+      LEAST_SLACK = 100
 
       def self.detect(gc = GC)
         if gc.respond_to?(:stat_heap) && gc.stat_heap(0).key?(:total_allocated_objects)
@@ -87,7 +88,7 @@ module Memkit
       # it errs low, towards collecting early, never late.
       def sweep_lazily?(reading, profile, kind: :minor, apart: 0)
         reads_sweep?(reading, kind, apart) ||
-          (!profile.empty? && !pools_short?(reading, profile.objects, @headroom + LAZY_REQUESTS))
+          (!profile.empty? && !pools_short?(reading, profile, @headroom + LAZY_REQUESTS))
       end
 
       # Requests' worth of free slots beyond the headroom that let a malloc
@@ -114,7 +115,7 @@ module Memkit
         # Ruby's next GC would have been.
         return :major if major_asked?(reading)
 
-        short = pools_short?(reading, profile.objects, headroom) || malloc_short?(reading, profile.malloc, headroom)
+        short = pools_short?(reading, profile, headroom) || malloc_short?(reading, profile.malloc, headroom)
         return unless short
 
         kind(reading)
@@ -123,7 +124,7 @@ module Memkit
       # Whether the GC due is due for malloc'd bytes alone: the pools hold the
       # next request, the malloc limit does not.
       def malloc_due?(reading, profile, headroom: @headroom)
-        !profile.empty? && !pools_short?(reading, profile.objects, headroom) &&
+        !profile.empty? && !pools_short?(reading, profile, headroom) &&
           malloc_short?(reading, profile.malloc, headroom)
       end
 
@@ -144,25 +145,26 @@ module Memkit
         return if decide(reading, profile, headroom: headroom)
 
         objects = profile.objects
+        beyond = profile.beyond
         pools = free(reading).each_with_index.map do |f, i|
           need = objects.fetch(i, 0)
-          f - reserve(need, headroom).ceil if need.positive?
+          f - reserve(need, headroom, beyond[i]).ceil if need.positive?
         end
         Margins.new(pools, malloc_margin(reading, profile.malloc, headroom), slot_sizes: shared_slot_sizes(reading))
       end
 
       # #margins as they would have been at the same reading had the profile
-      # learned `to` in place of `from` (each [objects per pool, malloc'd
-      # bytes]): a relearn moves the reserves, not the heap, so the margins
-      # move by the difference. The quiet stretch then outlasts the relearn
+      # learned `to` in place of `from` (each Profile#learned): a relearn
+      # moves the reserves, not the heap, so the margins move by the
+      # difference. The quiet stretch then outlasts the relearn
       # that a high percentile makes every quarter window, most of them by a
       # few objects. nil where a pool `from` did not bound now needs room:
       # its free slots are not in the margins. The malloc margin only ever
       # falls: it may be a bound that does not move with the profile
       # (NoFullMark's oldmalloc room).
       def remargin(margins, from, to, headroom: @headroom)
-        was = from.fetch(0)
-        now = to.fetch(0)
+        was, _, was_beyond = from
+        now, _, now_beyond = to
         return if was.empty?
 
         objects = margins.objects.each_with_index.map do |margin, i|
@@ -170,7 +172,7 @@ module Memkit
           next unless need.positive?
           return unless margin
 
-          margin + reserve(was.fetch(i, 0), headroom).ceil - reserve(need, headroom).ceil
+          margin + reserve(was.fetch(i, 0), headroom, was_beyond[i]).ceil - reserve(need, headroom, now_beyond[i]).ceil
         end
         fall = [(from.fetch(1) * headroom).ceil - (to.fetch(1) * headroom).ceil, 0].min
         malloc = margins.malloc && (margins.malloc + fall)
@@ -251,12 +253,15 @@ module Memkit
       def shortfall(reading, profile, cover:, want: cover, balance: 16)
         free = free(reading)
         objects = profile.objects
+        beyond = profile.beyond
         main = objects.each_with_index.max_by(&:first)&.last
         held = main && objects[main].positive? ? free.fetch(main, 0).fdiv(objects[main]) : 0
         target = [cover, [held, balance].min].max
         wanted = []
         if want > cover && objects.sum.positive?
-          wanted = objects.map { |need| need.positive? ? (want + 1) * reserve(need) : 0 }
+          wanted = objects.each_with_index.map do |need, i|
+            need.positive? ? (want + 1) * reserve(need, @headroom, beyond[i]) : 0
+          end
           room = most_free(live(reading))
           scale = [1.0, room.fdiv(wanted.sum)].min
           wanted.map! { |slots| slots * scale }
@@ -272,9 +277,21 @@ module Memkit
       def most_free(live) = live * MAX_FREE_SHARE / (1 - MAX_FREE_SHARE)
 
       # Free slots in a pool below which the collector runs a GC: the
-      # request's objects at the headroom, and a slack (scaled down for a
-      # pool a request barely uses).
-      def reserve(need, headroom = @headroom) = (need * headroom) + [SLACK, need].min
+      # request's objects at the headroom, and a slack of what the largest
+      # request learned allocated `beyond` them (Profile#beyond; unknown:
+      # SLACK), from LEAST_SLACK to SLACK, no more than the request itself.
+      # A fixed 1,000 slots was most of the room a cycle left unused on the
+      # Rails bench app, whose largest request is within 2-18 objects of its
+      # 95th percentile, and which Ruby alone uses up: on its recorded
+      # requests (bench/oobgc_replay.rb) 1.082x Ruby alone's GC runs, 1.032x
+      # with this slack, and live 1.07-1.10x where it ran 1.10-1.11x. Where a
+      # twentieth of the requests are 2-4 times the rest, the largest sets
+      # the slack at SLACK and 98.7% of the GC runs stay out of requests,
+      # where 100 slots kept 93.4%.
+      def reserve(need, headroom = @headroom, beyond = nil)
+        slack = beyond ? beyond.clamp(LEAST_SLACK, SLACK) : SLACK
+        (need * headroom) + [slack, need].min
+      end
 
       # Requests each pool's `free` slots hold, at `objects` per request
       # (infinite for a pool requests do not use).
@@ -302,7 +319,7 @@ module Memkit
 
       # Whether a heap just collected has fewer free slots than #decide keeps
       # in reserve: the next request may run out of them, and GC inside.
-      def cramped?(reading, profile) = !profile.empty? && pools_short?(reading, profile.objects, @headroom)
+      def cramped?(reading, profile) = !profile.empty? && pools_short?(reading, profile, @headroom)
 
       # Whether Ruby has asked for a major (need_major_by, 3.3+) that the
       # collector is to run.
@@ -328,7 +345,7 @@ module Memkit
       # request. Then it runs at once, in the same pause; otherwise when
       # #decide finds it due, where Ruby would have run it.
       def major_due?(reading, profile)
-        !profile.empty? && major_pending?(reading) && pools_short?(reading, profile.objects, @headroom)
+        !profile.empty? && major_pending?(reading) && pools_short?(reading, profile, @headroom)
       end
 
       # Whether oldmalloc is past its limit: the next minor GC will raise the
@@ -438,10 +455,12 @@ module Memkit
 
       def shady(stat) = stat.fetch(:remembered_wb_unprotected_objects, 0)
 
-      def pools_short?(reading, objects, headroom)
+      def pools_short?(reading, profile, headroom)
+        objects = profile.objects
+        beyond = profile.beyond
         free(reading).each_with_index.any? do |f, i|
           need = objects.fetch(i, 0)
-          need.positive? && f < reserve(need, headroom)
+          need.positive? && f < reserve(need, headroom, beyond[i])
         end
       end
 

@@ -67,7 +67,8 @@ module Memkit
         @size = 0
         @at = 0 # where the next request goes in the ring
         @malloc = []
-        @learned = [[].freeze, 0].freeze
+        @learned = [[].freeze, 0, [].freeze].freeze
+        @tops = [] # per pool, the most objects a request in the window allocated, at the last relearn or since
         @limits = [].freeze # per pool, objects past which a request is part of a shift (#shifted)
         @malloc_limit = RECENT
         @picked = [[], 0] # the window's percentiles at the last relearn
@@ -89,19 +90,20 @@ module Memkit
         @size += 1 if @size < @window
         @at = at + 1 == @window ? 0 : at + 1
         limits = @limits
-        shifted = false
+        moved = false
         i = 0
         while i < now.size
           objects = before ? now[i] - before[i] : now[i]
           (@columns[i] ||= Array.new(@size, 0))[at] = objects
-          shifted = true if objects > limits.fetch(i, RECENT)
+          # Past a shift's limit, or the largest request the window holds (#beyond).
+          moved = true if objects > limits.fetch(i, RECENT) || objects > @tops.fetch(i, 0)
           i += 1
         end
         (now.size...@columns.size).each { |j| @columns[j][at] = 0 } if now.size < @columns.size
         if malloc
           @malloc << malloc
           @malloc.shift if @malloc.size > @window
-          shifted = true if malloc > @malloc_limit
+          moved = true if malloc > @malloc_limit
         end
         @stale += 1
         if @recorded < SETTLED
@@ -111,7 +113,7 @@ module Memkit
         end
         if @size <= REFRESH || (@stale >= REFRESH && @stale >= @size / 4)
           relearn
-        elsif shifted
+        elsif moved
           learn
         end
         self
@@ -129,8 +131,13 @@ module Memkit
       # Malloc'd bytes one request adds, at the percentile.
       def malloc = @learned.fetch(1)
 
-      # [#objects, #malloc], frozen: what the collector keeps of the figures
-      # it took its margins with (Policy#remargin), with no Array of its own.
+      # Objects per pool the window's largest request allocated beyond
+      # #objects: how far past the figure a request has been seen to go.
+      def beyond = @learned.fetch(2)
+
+      # [#objects, #malloc, #beyond], frozen: what the collector keeps of the
+      # figures it took its margins with (Policy#remargin), with no Array of
+      # its own.
       def learned = @learned
 
       def to_h = { requests: size, objects: objects, malloc: malloc }
@@ -154,6 +161,7 @@ module Memkit
       def relearn
         @stale = 0
         @picked = [@columns.map { |c| pick(c) }, pick(@malloc)]
+        @tops = @columns.map(&:max)
         learn
       end
 
@@ -164,8 +172,10 @@ module Memkit
       # figures are taken again.
       def learn
         picked = @picked
-        learned = [@columns.each_with_index.map { |c, i| shifted(picked[0].fetch(i, 0), recent(c)) }.freeze,
-                   shifted(picked[1], ranked(@malloc.last(RECENT)))].freeze
+        objects = @columns.each_with_index.map { |c, i| shifted(picked[0].fetch(i, 0), recent(c)) }.freeze
+        tops = @tops = @columns.each_with_index.map { |c, i| [@tops.fetch(i, 0), c[@at - 1]].max }
+        learned = [objects, shifted(picked[1], ranked(@malloc.last(RECENT))),
+                   objects.each_with_index.map { |n, i| [tops[i] - n, 0].max }.freeze].freeze
         return if learned == @learned
 
         @learned = learned

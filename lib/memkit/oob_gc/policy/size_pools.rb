@@ -50,6 +50,7 @@ module Memkit
           @live_at_major = nil # live objects per pool right after it (nil: not seen)
           @nofree_at = nil    # GC count at which a minor asked for a major (see #collected)
           @objects = nil      # the profile's objects per pool, at the last #decide
+          @beyond = nil       # and its Profile#beyond
           @majors = nil       # major_gc_count at the last reading
         end
 
@@ -116,7 +117,7 @@ module Memkit
         end
 
         def decide(reading, profile, headroom: @headroom)
-          @objects = profile.objects unless profile.empty?
+          @objects, _, @beyond = profile.learned unless profile.empty?
           super
         end
 
@@ -168,7 +169,7 @@ module Memkit
             next false unless need.positive?
 
             total = h.fetch(:heap_eden_slots) + allocatable_in(h)
-            lacking = (total * @min_free_ratio) - (free[i] - reserve(need))
+            lacking = (total * @min_free_ratio) - (free[i] - reserve(need, @headroom, @beyond[i]))
             next false unless lacking.positive?
 
             base = @live_at_major&.fetch(i, nil)
