@@ -77,14 +77,15 @@ class OobGCPolicyTest < Minitest::Test
     req = profile(1_000, malloc: 4 << 20)
     assert_nil policy.decide(one_heap(free: 300_000, malloc: 16 << 20, malloc_limit: 24 << 20), req)
     assert_equal :minor, policy.decide(one_heap(free: 300_000, malloc: 20 << 20, malloc_limit: 24 << 20), req)
-    # A limit still low is left to Ruby, which raises it when overrun.
-    assert_nil policy.decide(one_heap(free: 300_000, malloc: 12 << 20, malloc_limit: 16 << 20), req)
+    # At a limit still low too: the collector overruns it as Ruby would
+    # (Collector#overrun_malloc), which raises it.
+    assert_equal :minor, policy.decide(one_heap(free: 300_000, malloc: 12 << 20, malloc_limit: 16 << 20), req)
+    assert_nil policy.decide(one_heap(free: 300_000, malloc: 11 << 20, malloc_limit: 16 << 20), req)
   end
 
   # "malloc" shape: 8 MB malloc'd a request, pools roomy. The GC due is for
   # malloc alone (the collector then lets Ruby run it for the overrun, which
-  # raises the limit); with a pool short, or the limit low (Ruby raises it
-  # itself), it is not.
+  # raises the limit), at any limit; with a pool short too, it is not.
   def test_malloc_due_only_when_the_pools_hold_the_next_request
     policy = Policy::SizePools.new(malloc_limit_max: 32 << 20)
     req = profile([3_600, 300], malloc: 8 << 20)
@@ -93,8 +94,8 @@ class OobGCPolicyTest < Minitest::Test
                               req)
     refute policy.malloc_due?(pooled(roomy, malloc_increase_bytes: 8 << 20, malloc_increase_bytes_limit: 24 << 20),
                               req), "the next request fits under the limit"
-    refute policy.malloc_due?(pooled(roomy, malloc_increase_bytes: 12 << 20, malloc_increase_bytes_limit: 16 << 20),
-                              req), "a limit under 60% of the maximum is left to Ruby"
+    assert policy.malloc_due?(pooled(roomy, malloc_increase_bytes: 9 << 20, malloc_increase_bytes_limit: 16 << 20),
+                              req), "a limit at its minimum"
     short = [[600_000, 500_000], [80_000, 79_800]]
     refute policy.malloc_due?(pooled(short, malloc_increase_bytes: 16 << 20, malloc_increase_bytes_limit: 24 << 20),
                               req), "a pool is short too: a GC.start minor"
@@ -898,8 +899,8 @@ class OobGCPolicyTest < Minitest::Test
     assert_equal :minor, policy.decide(one_heap(free: 200_000 - left - 1, malloc: 4 << 20, malloc_limit: 24 << 20), req)
     assert_equal :minor, policy.decide(one_heap(free: 200_000, malloc: (4 << 20) + margins.malloc + 1,
                                                 malloc_limit: 24 << 20), req)
-    # A malloc limit still low is Ruby's to raise: no bound from it.
-    assert_nil policy.margins(one_heap(free: 200_000, malloc_limit: 16 << 20), req).malloc
+    low = policy.margins(one_heap(free: 200_000, malloc_limit: 16 << 20), req)
+    assert_in_delta (16 << 20) - (1.1 * (1 << 20)), low.malloc, 1, "a malloc limit at its minimum bounds too"
     assert_nil policy.margins(one_heap(free: 50_000), req), "something is due now"
 
     pools = Policy::SizePools.new(headroom: 1.0)

@@ -471,8 +471,8 @@ module Memkit
         @policy.collecting(reading, kind)
         majors = GC.stat(:major_gc_count)
         ran = kind == :minor && @dry&.run_due_minor(reading, @profile)
-        ran ||= kind == :minor && lazy && @policy.malloc_due?(reading, @profile, headroom: headroom) &&
-                overrun_malloc(reading)
+        ran ||= kind == :minor && @policy.malloc_due?(reading, @profile, headroom: headroom) &&
+                overrun_malloc(reading, sweep: !lazy)
         GC.start(full_mark: kind == :major, immediate_sweep: !lazy) unless ran
         # A GC Ruby started (DryGrowth, #overrun_malloc) is a major if Ruby
         # had one pending that the reading did not show (3.1 does not say).
@@ -572,15 +572,20 @@ module Memkit
       # overruns it, where a GC Ruby did not start for malloc lowers it by 2%:
       # collected out of band by GC.start, the limit never rose and an app
       # that mallocs megabytes a request collected every two or three of them
-      # (docs/BENCHMARKS.md, "OobGC: GC runs per request"). Returns whether Ruby collected.
-      def overrun_malloc(reading)
+      # (docs/BENCHMARKS.md, "OobGC: GC runs per request"). Ruby sweeps its
+      # GC lazily; with `sweep` the sweep is finished at once. Returns
+      # whether Ruby collected.
+      def overrun_malloc(reading, sweep: false)
         stat = reading.fetch(:stat)
         bytes = stat.fetch(:malloc_increase_bytes_limit) - GC.stat(:malloc_increase_bytes) + 1
         return false unless bytes.positive?
 
         count = GC.count
         String.new(capacity: bytes)
-        GC.count != count
+        return false if GC.count == count
+
+        GCRest.finish if sweep
+        true
       end
 
       # A heap that even just collected cannot hold one request gains

@@ -466,24 +466,19 @@ module Memkit
 
       # Ruby raises its malloc limit (by 1.4x, up to RUBY_GC_MALLOC_LIMIT_MAX)
       # only at a GC that finds it overrun, and lowers it by 2% at every other.
-      # Collecting before each overrun would hold the limit at its minimum
-      # and collect after most requests of an app that mallocs megabytes
-      # (bench/oobgc_shapes.rb "malloc": 600 GCs where Ruby ran 61). So while
-      # the limit is low the overrun is left to Ruby, which raises it; from
-      # 60% of the maximum on, the GC runs between requests, as an overrun of
-      # Ruby's own (Collector#overrun_malloc), so that the limit keeps rising.
-      def malloc_short?(reading, malloc, headroom)
-        margin = malloc_margin(reading, malloc, headroom)
-        !margin.nil? && margin.negative?
-      end
+      # Collected by GC.start before each overrun, the limit stayed at its
+      # minimum and an app that mallocs megabytes collected after most
+      # requests (bench/oobgc_shapes.rb "malloc": 600 GCs where Ruby ran 61).
+      # So the GC due for malloc runs as an overrun of Ruby's own
+      # (Collector#overrun_malloc), at any limit: left to Ruby while the limit
+      # was low, it ran inside a request every time the limit had fallen
+      # back (the "tiny" shape's one GC inside per worker, at request 116).
+      def malloc_short?(reading, malloc, headroom) = malloc_margin(reading, malloc, headroom).negative?
 
       # Bytes that may still be malloc'd before #decide answers otherwise.
       def malloc_margin(reading, malloc, headroom)
         stat = reading.fetch(:stat)
-        limit = stat.fetch(:malloc_increase_bytes_limit)
-        return if limit < @malloc_limit_max * 0.6
-
-        limit - stat.fetch(:malloc_increase_bytes) - (malloc * headroom).ceil
+        stat.fetch(:malloc_increase_bytes_limit) - stat.fetch(:malloc_increase_bytes) - (malloc * headroom).ceil
       end
 
       # RUBY_GC_HEAP_*INIT_SLOTS of #boot_env.
