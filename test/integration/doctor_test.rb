@@ -93,7 +93,13 @@ class DoctorTest < Minitest::Test
     env = { "MALLOC_ARENA_MAX" => "3", "RUBY_GC_HEAP_GROWTH_FACTOR" => "1.25" }
     limit = 64 * 1024**3
     pid = spawn(env, RbConfig.ruby, "-e", "Thread.new { sleep }; sleep", rlimit_as: limit)
-    wait_until(message: "child ruby to start its second thread") do
+    # 30 s: with the three lanes of script/test on two cores, 10 s once ran out.
+    wait_until(timeout: 30, message: "child ruby to start its second thread") do
+      _, status = Process.wait2(pid, Process::WNOHANG)
+      if status
+        pid = nil
+        flunk "the child ruby ended before its second thread started: #{status.inspect}"
+      end
       File.read("/proc/#{pid}/status")[/^Threads:\s+(\d+)/, 1].to_i >= 2
     end
     d = Memkit::Doctor.new(pid: pid)
