@@ -328,6 +328,35 @@ class OobGCPolicyTest < Minitest::Test
     assert policy.major_pending?(rails_pools(36_800, count: 18))
   end
 
+  # Ruby grows a pool its own GC leaves short within 3 GCs of a major, or
+  # where a major would not give the room back; after an out-of-band GC,
+  # which leaves the pool its room, Ruby grows nothing, so the heap's
+  # sizing does. 200,000 free less the 12,000 kept for the next request:
+  # 12,000 under 20% of the pool, which `want` alone (11 x 12,000) finds
+  # roomy.
+  def test_size_pools_grow_a_pool_ruby_would_grow_after_its_own_gc
+    req = profile([10_000])
+    policy = Policy::SizePools.new
+    at = ->(live, count) { pooled([[1_000_000, live]], count: count, major_gc_count: 3) }
+    policy.decide(at.(790_000, 9), req)
+    policy.collected(:major, at.(600_000, 10))
+    assert_equal [12_000], policy.below_minimum(at.(800_000, 11)), "within 3 GCs of a major"
+    assert_equal [12_000], policy.shortfall(at.(800_000, 11), req, cover: 2.1, want: 10)
+    assert_equal [0], policy.shortfall(at.(800_000, 11), req, cover: 2.1), "it holds the next requests"
+    refute policy.nofree?(at.(800_000, 11))
+    # Later, live objects that grew 200,000 since the major: the major
+    # gives the room back, and Ruby would run it instead.
+    assert policy.nofree?(at.(800_000, 14))
+    assert_equal [0], policy.below_minimum(at.(800_000, 14))
+    assert_equal [0], policy.below_minimum(at.(780_000, 11)), "at the minimum"
+
+    # A cache that keeps what it allocates: a major gives nothing back.
+    policy.collected(:major, at.(795_000, 20))
+    assert_equal [12_000], policy.below_minimum(at.(800_000, 24))
+    refute policy.nofree?(at.(800_000, 24))
+    assert_nil Policy::SizePools.new.below_minimum(at.(800_000, 24)), "no request learned"
+  end
+
   # Two pools of 100,000 slots; `counts` is [[allocated, freed], ...] per pool.
   def sweep_reading(counts, count:, marked: 0, state: :sweeping)
     heaps = counts.each_with_index.map do |(allocated, freed), i|

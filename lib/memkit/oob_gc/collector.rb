@@ -546,10 +546,15 @@ module Memkit
           # request may run dry (Policy#cramped?, a heap also short of
           # `cover`). On Ruby 3.1 a worker of the "medium" shape, 1 slot
           # short of `cover`, took a 24 MB step where 20 MB were left, RSS
-          # 1.34x no OobGC's (docs/BENCHMARKS.md).
+          # 1.34x no OobGC's (docs/BENCHMARKS.md). And to a step Ruby alone
+          # would take (Policy#below_minimum): not a cost of OobGC's sizing.
+          # On "huge" (Ruby 3.3) the main pool's step did not fit in the share,
+          # so it never grew and ran a GC after every request, 2.3x Ruby
+          # alone's GC runs at 0.72x its RSS.
           starving = @policy.shortfall(reading, @profile, cover: @cover).any?(&:positive?)
+          ruby_would = @policy.below_minimum(reading)&.any?(&:positive?)
           added = @growth.grow(short, @policy, rounds: starving ? HeapGrowth::ROUNDS : 1,
-                                               one_past: @policy.cramped?(reading, @profile),
+                                               one_past: @policy.cramped?(reading, @profile) || ruby_would,
                                                order: @policy.driest_first(reading, @profile.objects))
           if added
             Counters.grew(added)

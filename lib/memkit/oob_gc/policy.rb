@@ -249,7 +249,8 @@ module Memkit
       # where Ruby would give the pages back: a GC that finds more than 65%
       # of the heap free (GC_HEAP_FREE_SLOTS_MAX_RATIO) frees pages down to
       # that share, so a heap grown past it shrinks at the next GC and
-      # growing it again costs major GCs.
+      # growing it again costs major GCs. And a pool Ruby would have grown,
+      # had allocation started the GC, grows too (#below_minimum).
       def shortfall(reading, profile, cover:, want: cover, balance: 16)
         free = free(reading)
         objects = profile.objects
@@ -265,6 +266,7 @@ module Memkit
           room = most_free(live(reading))
           scale = [1.0, room.fdiv(wanted.sum)].min
           wanted.map! { |slots| slots * scale }
+          below_minimum(reading)&.each_with_index { |slots, i| wanted[i] = [wanted[i], free[i] + slots].max }
         end
         free.each_with_index.map do |f, i|
           slots = [objects.fetch(i, 0) * target, wanted.fetch(i, 0)].max.ceil
@@ -383,6 +385,11 @@ module Memkit
       # Free slots per pool, counting the pages Ruby may still add without
       # collecting first.
       def free(reading) = raise(NotImplementedError)
+
+      # Slots per pool that Ruby, after the GC just run, would grow but will
+      # not, since the GC ran out of band (nil: none, or the policy keeps
+      # Ruby's free minimum itself).
+      def below_minimum(_reading) = nil
 
       # Slots holding live objects, all pools together (an overestimate
       # mid-sweep: the garbage not yet swept counts).

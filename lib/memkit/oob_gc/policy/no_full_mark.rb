@@ -89,6 +89,9 @@ module Memkit
           free_slots(reading).each_with_index.map { |f, i| f + below_init(heaps.fetch(i), i) - kept.fetch(i, 0) }
         end
 
+        # Kept in #growth_shortfall (#floor), grown to Ruby's free goal.
+        def below_minimum(_reading) = nil
+
         # kind :grown: the collector grew the heap, which the valve must not
         # take for Ruby's growth (no GC ran).
         def collected(kind, reading)

@@ -155,29 +155,61 @@ module Memkit
         # last major by at least what it lacks. Where it would not, the pool
         # needs growth, not majors (a cache that keeps growing).
         def nofree?(reading)
-          return false unless @objects
-          # Mid-sweep with no estimate, the free counts are not final.
-          return false if reading.fetch(:info)[:state] == :sweeping && !lazy_sweep?(reading)
+          return false unless (lacking = lacking(reading))
 
           count = reading.fetch(:stat).fetch(:count)
           return false if @major_at && count - @major_at < OLD_AGE
 
-          free = free(reading)
           lives = lives(reading)
-          reading.fetch(:heaps).each_with_index.any? do |h, i|
-            need = @objects.fetch(i, 0)
-            next false unless need.positive?
+          lacking.each_with_index.any? { |slots, i| slots.positive? && major_frees?(lives, i, slots) }
+        end
 
-            total = h.fetch(:heap_eden_slots) + allocatable_in(h)
-            lacking = (total * @min_free_ratio) - (free[i] - reserve(need, @headroom, @beyond[i]))
-            next false unless lacking.positive?
+        # Slots per pool Ruby would have grown after the GC just run, had
+        # allocation started it: a pool #nofree? finds short where Ruby grows
+        # it rather than ask for a major (within OLD_AGE GCs of a major, or
+        # where a major would not give the room back). Ruby does not grow a
+        # pool that an out-of-band GC leaves with its room, so without this
+        # nothing did: on "huge" (3.3, 290,000 objects a request, all garbage
+        # once it ends) the main pool stayed short, and a GC ran after every
+        # request where Ruby alone, collecting mid-request, grew its heap and
+        # ran one every 2.3 requests (docs/BENCHMARKS.md).
+        def below_minimum(reading)
+          return unless (lacking = lacking(reading))
 
-            base = @live_at_major&.fetch(i, nil)
-            base.nil? || lives[i] - base >= lacking
+          count = reading.fetch(:stat).fetch(:count)
+          young = @major_at && count - @major_at < OLD_AGE
+          lives = lives(reading)
+          lacking.each_with_index.map do |slots, i|
+            slots.positive? && (young || !major_frees?(lives, i, slots)) ? slots.ceil : 0
           end
         end
 
         private
+
+        # Per pool, the slots it lacks, beyond the room for the next request,
+        # to keep Ruby's free minimum of its slots (its own and its
+        # allocatable pages); nil where that cannot be read yet.
+        def lacking(reading)
+          return unless @objects
+          # Mid-sweep with no estimate, the free counts are not final.
+          return if reading.fetch(:info)[:state] == :sweeping && !lazy_sweep?(reading)
+
+          free = free(reading)
+          reading.fetch(:heaps).each_with_index.map do |h, i|
+            need = @objects.fetch(i, 0)
+            next 0 unless need.positive?
+
+            total = h.fetch(:heap_eden_slots) + allocatable_in(h)
+            (total * @min_free_ratio) - (free[i] - reserve(need, @headroom, @beyond[i]))
+          end
+        end
+
+        # Whether a major would give pool `i` the `slots` it lacks back: its
+        # live objects have grown since the last major by at least that.
+        def major_frees?(lives, i, slots)
+          base = @live_at_major&.fetch(i, nil)
+          base.nil? || lives[i] - base >= slots
+        end
 
         # #free as the pools' slots and Ruby's allocatable pages give it.
         def free_slots(reading)
