@@ -266,7 +266,9 @@ module Memkit
           room = most_free(live(reading))
           scale = [1.0, room.fdiv(wanted.sum)].min
           wanted.map! { |slots| slots * scale }
-          below_minimum(reading)&.each_with_index { |slots, i| wanted[i] = [wanted[i], free[i] + slots].max }
+          below_minimum(reading)&.each_with_index do |slots, i|
+            wanted[i] = [wanted.fetch(i, 0), free[i] + slots].max if slots.positive?
+          end
         end
         free.each_with_index.map do |f, i|
           slots = [objects.fetch(i, 0) * target, wanted.fetch(i, 0)].max.ceil
