@@ -156,9 +156,7 @@ module Memkit
         # needs growth, not majors (a cache that keeps growing).
         def nofree?(reading)
           return false unless (lacking = lacking(reading))
-
-          count = reading.fetch(:stat).fetch(:count)
-          return false if @major_at && count - @major_at < OLD_AGE
+          return false if grows_instead?(reading)
 
           lives = lives(reading)
           lacking.each_with_index.any? { |slots, i| slots.positive? && major_frees?(lives, i, slots) }
@@ -176,8 +174,7 @@ module Memkit
         def below_minimum(reading)
           return unless (lacking = lacking(reading))
 
-          count = reading.fetch(:stat).fetch(:count)
-          young = @major_at && count - @major_at < OLD_AGE
+          young = grows_instead?(reading)
           lives = lives(reading)
           lacking.each_with_index.map do |slots, i|
             slots.positive? && (young || !major_frees?(lives, i, slots)) ? slots.ceil : 0
@@ -203,6 +200,10 @@ module Memkit
             (total * @min_free_ratio) - (free[i] - reserve(need, @headroom, @beyond[i]))
           end
         end
+
+        # Within OLD_AGE GCs of a major, Ruby grows a pool its GC leaves short
+        # instead of asking for a major.
+        def grows_instead?(reading) = @major_at && reading.fetch(:stat).fetch(:count) - @major_at < OLD_AGE
 
         # Whether a major would give pool `i` the `slots` it lacks back: its
         # live objects have grown since the last major by at least that.
