@@ -341,7 +341,8 @@ class OobGCPolicyTest < Minitest::Test
     policy.decide(at.(790_000, 9), req)
     policy.collected(:major, at.(600_000, 10))
     assert_equal [12_000], policy.below_minimum(at.(800_000, 11)), "within 3 GCs of a major"
-    assert_equal [12_000], policy.shortfall(at.(800_000, 11), req, cover: 2.1, want: 10)
+    # Sized one more request's reserve clear of the minimum (#clearance).
+    assert_equal [24_000], policy.shortfall(at.(800_000, 11), req, cover: 2.1, want: 10)
     assert_equal [0], policy.shortfall(at.(800_000, 11), req, cover: 2.1), "it holds the next requests"
     refute policy.nofree?(at.(800_000, 11))
     # Later, live objects that grew 200,000 since the major: the major
@@ -349,6 +350,12 @@ class OobGCPolicyTest < Minitest::Test
     assert policy.nofree?(at.(800_000, 14))
     assert_equal [0], policy.below_minimum(at.(800_000, 14))
     assert_equal [0], policy.below_minimum(at.(780_000, 11)), "at the minimum"
+    # Above it by less than a request's reserve: the sizing grows the pool
+    # clear of it, where Ruby's next GC would be a major or a growth.
+    assert_equal [4_000], policy.clearance(at.(780_000, 11))
+    assert_equal [4_000], policy.shortfall(at.(780_000, 11), req, cover: 2.1, want: 10)
+    assert_equal [0], policy.clearance(at.(770_000, 11)), "a reserve clear"
+    assert_equal [0], policy.shortfall(at.(770_000, 11), req, cover: 2.1, want: 10)
 
     # A cache that keeps what it allocates: a major gives nothing back.
     policy.collected(:major, at.(795_000, 20))

@@ -250,7 +250,8 @@ module Memkit
       # of the heap free (GC_HEAP_FREE_SLOTS_MAX_RATIO) frees pages down to
       # that share, so a heap grown past it shrinks at the next GC and
       # growing it again costs major GCs. And a pool Ruby would have grown,
-      # had allocation started the GC, grows too (#below_minimum).
+      # had allocation started the GC, grows too (#below_minimum), as does
+      # one close to where Ruby would (#clearance).
       def shortfall(reading, profile, cover:, want: cover, balance: 16)
         free = free(reading)
         objects = profile.objects
@@ -266,7 +267,7 @@ module Memkit
           room = most_free(live(reading))
           scale = [1.0, room.fdiv(wanted.sum)].min
           wanted.map! { |slots| slots * scale }
-          below_minimum(reading)&.each_with_index do |slots, i|
+          (clearance(reading) || below_minimum(reading))&.each_with_index do |slots, i|
             wanted[i] = [wanted.fetch(i, 0), free[i] + slots].max if slots.positive?
           end
         end
@@ -392,6 +393,10 @@ module Memkit
       # not, since the GC ran out of band (nil: none, or the policy keeps
       # Ruby's free minimum itself).
       def below_minimum(_reading) = nil
+
+      # Slots per pool the heap's sizing adds to keep pools clear of Ruby's
+      # free minimum, at least #below_minimum's (nil: no such floor here).
+      def clearance(_reading) = nil
 
       # Slots holding live objects, all pools together (an overestimate
       # mid-sweep: the garbage not yet swept counts).

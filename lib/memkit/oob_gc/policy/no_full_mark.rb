@@ -91,6 +91,7 @@ module Memkit
 
         # Kept in #growth_shortfall (#floor), grown to Ruby's free goal.
         def below_minimum(_reading) = nil
+        def clearance(_reading) = nil
 
         # kind :grown: the collector grew the heap, which the valve must not
         # take for Ruby's growth (no GC ran).
