@@ -341,14 +341,14 @@ class OobGCPolicyTest < Minitest::Test
     policy.decide(at.(790_000, 9), req)
     policy.collected(:major, at.(600_000, 10))
     assert_equal [12_000], policy.below_minimum(at.(800_000, 11)), "within 3 GCs of a major"
-    # Sized one more request's reserve clear of the minimum (#clearance).
-    assert_equal [24_000], policy.shortfall(at.(800_000, 11), req, cover: 2.1, want: 10)
+    assert_equal [12_000], policy.shortfall(at.(800_000, 11), req, cover: 2.1, want: 10)
     assert_equal [0], policy.shortfall(at.(800_000, 11), req, cover: 2.1), "it holds the next requests"
     refute policy.nofree?(at.(800_000, 11))
     # Later, live objects that grew 200,000 since the major: the major
     # gives the room back, and Ruby would run it instead.
     assert policy.nofree?(at.(800_000, 14))
     assert_equal [0], policy.below_minimum(at.(800_000, 14))
+    assert_equal [0], policy.shortfall(at.(800_000, 14), req, cover: 2.1, want: 10), "the major's room"
     assert_equal [0], policy.below_minimum(at.(780_000, 11)), "at the minimum"
     # Above it by less than a request's reserve: the sizing grows the pool
     # clear of it, where Ruby's next GC would be a major or a growth.

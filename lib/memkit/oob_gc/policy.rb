@@ -267,7 +267,7 @@ module Memkit
           room = most_free(live(reading))
           scale = [1.0, room.fdiv(wanted.sum)].min
           wanted.map! { |slots| slots * scale }
-          (clearance(reading) || below_minimum(reading))&.each_with_index do |slots, i|
+          clearance(reading)&.each_with_index do |slots, i|
             wanted[i] = [wanted.fetch(i, 0), free[i] + slots].max if slots.positive?
           end
         end
@@ -394,8 +394,9 @@ module Memkit
       # Ruby's free minimum itself).
       def below_minimum(_reading) = nil
 
-      # Slots per pool the heap's sizing adds to keep pools clear of Ruby's
-      # free minimum, at least #below_minimum's (nil: no such floor here).
+      # Slots per pool the heap's sizing adds for Ruby's free minimum: what
+      # #below_minimum grows, and some for a pool close above it (nil: no
+      # such floor here).
       def clearance(_reading) = nil
 
       # Slots holding live objects, all pools together (an overestimate

@@ -181,20 +181,24 @@ module Memkit
           end
         end
 
-        # Slots per pool that the heap's sizing adds to keep a pool one more
-        # request's reserve clear of Ruby's free minimum (see #lacking). A pool
-        # sized to just above it stays there: each cycle's promoted objects
-        # take a few slots, and the minor that takes it under makes the next
-        # GC a major that gives back as little, where Ruby's own growth, to
-        # its free goal (40%), would have left it far above. On "promoting"
-        # behind Puma with `plugin :memkit` (3.3, a worker forked from a
-        # compacted master) the main pool sat 11-159 slots above the minimum
-        # for 40 GCs, then ran a 100 ms major that freed 72 slots, and the
-        # sizing grew the pool right after it anyway.
+        # Slots per pool that the heap's sizing adds: under Ruby's free
+        # minimum, what Ruby would grow (#below_minimum); above it by less
+        # than one more request's reserve, enough to be that far clear. A
+        # pool sized to just above the minimum stays there: each cycle's
+        # promoted objects take a few slots, and the minor that takes it
+        # under makes the next GC a major that gives back as little, where
+        # Ruby's own growth, to its free goal (40%), leaves a pool far above.
+        # On "promoting" behind Puma with `plugin :memkit` (3.3, workers
+        # forked from a compacted master) the main pool sat 11-159 slots
+        # above the minimum for 40 GCs, then ran a 100 ms major that freed 72
+        # slots, and the sizing grew the pool right after it anyway.
         def clearance(reading)
           return unless (lacking = lacking(reading))
 
+          below = below_minimum(reading)
           lacking.each_with_index.map do |slots, i|
+            next below[i] if slots.positive?
+
             need = @objects.fetch(i, 0)
             clear = slots + reserve(need, @headroom, @beyond[i])
             need.positive? && clear.positive? ? clear.ceil : 0
