@@ -4,7 +4,7 @@
 # parent holding ~800,000 objects (all old after four majors) forks, and
 # the child times two majors in a row, with the minor page faults of the
 # first (the copy-on-write of memory the parent shares). On this machine's
-# VM the first costs 4-8x the second on Ruby 3.1, 3.3 and 3.4, mostly in user
+# VM the first costs 5-8x the second on Ruby 3.1, 3.3 and 3.4, mostly in user
 # time (docs/BENCHMARKS.md, "a forked worker's first major").
 #
 #   bundle exec ruby bench/oobgc_first_major.rb [ROUNDS]     (script/ruby33, script/ruby34 alike)
