@@ -174,11 +174,7 @@ module Memkit
         def below_minimum(reading)
           return unless (lacking = lacking(reading))
 
-          young = grows_instead?(reading)
-          lives = lives(reading)
-          lacking.each_with_index.map do |slots, i|
-            slots.positive? && (young || !major_frees?(lives, i, slots)) ? slots.ceil : 0
-          end
+          ruby_grows(reading, lacking)
         end
 
         # Slots per pool that the heap's sizing adds: under Ruby's free
@@ -195,7 +191,7 @@ module Memkit
         def clearance(reading)
           return unless (lacking = lacking(reading))
 
-          below = below_minimum(reading)
+          below = ruby_grows(reading, lacking)
           lacking.each_with_index.map do |slots, i|
             next below[i] if slots.positive?
 
@@ -222,6 +218,15 @@ module Memkit
 
             total = h.fetch(:heap_eden_slots) + allocatable_in(h)
             (total * @min_free_ratio) - (free[i] - reserve(need, @headroom, @beyond[i]))
+          end
+        end
+
+        # #below_minimum from the pools' #lacking slots.
+        def ruby_grows(reading, lacking)
+          young = grows_instead?(reading)
+          lives = lives(reading)
+          lacking.each_with_index.map do |slots, i|
+            slots.positive? && (young || !major_frees?(lives, i, slots)) ? slots.ceil : 0
           end
         end
 
