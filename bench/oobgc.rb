@@ -83,7 +83,7 @@ module OobgcBenchRunner
       o.on("--modes LIST", Array) { |v| opts[:modes] = v }
       o.on("--close", "one request per connection") { opts[:close] = true }
     end.parse!(argv)
-    abort "wrk not found (apt install wrk)" unless system("command -v wrk >/dev/null")
+    abort "wrk not found: script/setup installs it" unless system("command -v wrk >/dev/null")
 
     puts "oobgc bench: #{Etc.nprocessors} cpus, #{RUBY_DESCRIPTION}, 2 workers, 1 thread per Puma worker, " \
          "wrk -t2 -c#{opts[:connections]} -d#{opts[:duration]}s, pace #{opts[:pace]} ms, rounds #{opts[:rounds]}, " \

@@ -77,7 +77,7 @@ module OobgcMatrix
       return report(opts[:report].flat_map { |f| File.readlines(f).map { |l| JSON.parse(l, symbolize_names: true) } })
     end
 
-    abort "wrk not found (apt install wrk)" unless system("command -v wrk >/dev/null")
+    abort "wrk not found: script/setup installs it" unless system("command -v wrk >/dev/null")
     puts "oobgc matrix: #{RUBY_DESCRIPTION}; rev #{opts[:rev] || '?'}; 2 workers; wrk -c#{opts[:connections]} " \
          "-d#{opts[:duration]}s; repeat #{opts[:repeat]}; " \
          "counted after each worker's first #{WARM_REQUESTS} requests; " \
@@ -164,7 +164,14 @@ module OobgcMatrix
       warmed = warm(url, dir, opts, close)
       FileUtils.touch(File.join(dir, "reset"))
       sleep 0.3 # the probe zeroes at its first request once 0.2 s have passed since its last check
-      yield url, warmed, srv.pid
+      result = yield url, warmed, srv.pid
+      # The workers write their figures now: a Puma 8 worker on Ruby 3.3 can
+      # hang closing its pipes at shutdown, before its shutdown hook, and be
+      # killed with its figures unwritten (20 of 42 keep-alive Puma cells in
+      # one 3.3 matrix).
+      Process.kill(:PWR, -srv.pid)
+      probes(dir)
+      result
     ensure
       Memkit::ServersHelper.stop_server(srv)
     end
@@ -205,6 +212,9 @@ module OobgcMatrix
       end
       use warm, #{File.join(dir, 'warm-%d').inspect}
       use OobgcBench::Probe, #{dir.inspect}
+      # Figures on demand (see #serve); a thread, as OobGC.stats takes a lock,
+      # which a trap handler may not.
+      Signal.trap("PWR") { Thread.new { OobgcBench::Probe.flush } }
       #{mode == 'none' ? '' : 'use Memkit::OobGC'}
       run ->(_env) { [200, { "content-type" => "text/plain" }, [OobgcBench.render]] }
     RUBY
