@@ -3,9 +3,10 @@
 # What a forked worker's first major GC costs against its later ones: a
 # parent holding ~800,000 objects (all old after four majors) forks, and
 # the child times two majors in a row, with the minor page faults of the
-# first (the copy-on-write of memory the parent shares). On this machine's
-# VM the first costs 5-8x the second on Ruby 3.1, 3.3 and 3.4, mostly in user
-# time (docs/BENCHMARKS.md, "a forked worker's first major").
+# first (the copy-on-write of memory the parent shares). The ratio depends
+# on the machine: 5-8x on one of the bench VMs (Ruby 3.1, 3.3 and 3.4, mostly
+# user time), 1.5x on the next (docs/BENCHMARKS.md, "a forked worker's first
+# major" and "A new VM").
 #
 #   bundle exec ruby bench/oobgc_first_major.rb [ROUNDS]     (script/ruby33, script/ruby34 alike)
 ROUNDS = Integer(ARGV.fetch(0, 3))
