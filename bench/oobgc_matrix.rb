@@ -165,7 +165,7 @@ module OobgcMatrix
       FileUtils.touch(File.join(dir, "reset"))
       sleep 0.3 # the probe zeroes at its first request once 0.2 s have passed since its last check
       result = yield url, warmed, srv.pid
-      # The workers write their figures now: a Puma 8 worker on Ruby 3.3 can
+      # The workers write their figures now: a Puma 8 worker on Ruby 3.3/3.4 can
       # hang closing its pipes at shutdown, before its shutdown hook, and be
       # killed with its figures unwritten (20 of 42 keep-alive Puma cells in
       # one 3.3 matrix).

@@ -5,8 +5,10 @@ require "json"
 # What the benchmarks' GC probes (bench/oobgc_app.rb, bench/rails/oobgc.ru)
 # share: a probe writes its figures when its worker exits, and from Puma's
 # worker-shutdown hook too, as a Puma worker whose master has gone calls
-# exit!, cutting its at_exit short. Each write replaces the file whole, so a
-# reader never sees half of one.
+# exit!, cutting its at_exit short; and on SIGPWR, which bench/oobgc_matrix.rb
+# and bench/oobgc_rails.rb send before they stop the server, as a Puma 8
+# worker on Ruby 3.3/3.4 can hang at shutdown before that hook. Each write
+# replaces the file whole, so a reader never sees half of one.
 #
 #   class Probe
 #     extend ProbeFiles   # Probe.flush writes every probe of this process
