@@ -212,9 +212,6 @@ module OobgcMatrix
       end
       use warm, #{File.join(dir, 'warm-%d').inspect}
       use OobgcBench::Probe, #{dir.inspect}
-      # Figures on demand (see #serve); a thread, as OobGC.stats takes a lock,
-      # which a trap handler may not.
-      Signal.trap("PWR") { Thread.new { OobgcBench::Probe.flush } }
       #{mode == 'none' ? '' : 'use Memkit::OobGC'}
       run ->(_env) { [200, { "content-type" => "text/plain" }, [OobgcBench.render]] }
     RUBY

@@ -15,7 +15,10 @@ require "json"
 #     def initialize(...) = Probe.track(self)  # and #write at exit
 #   end
 module ProbeFiles
+  # Also has SIGPWR write the figures, on a thread: they include
+  # OobGC.stats, which takes a lock, and a trap handler may not.
   def track(probe)
+    Signal.trap("PWR") { Thread.new { flush } } unless @probes
     (@probes ||= []) << probe
     at_exit { probe.write }
   end

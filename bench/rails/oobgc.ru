@@ -166,12 +166,8 @@ module BenchRails
 end
 
 use BenchRails::GcProbe, ENV.fetch("OOBGC_DIR", nil)
-# The bench asks for the figures once the load has stopped: a Puma 8 worker
-# on Ruby 3.3 and 3.4 can hang closing its pipes at shutdown, before its
-# shutdown hook, and be killed with its figures unwritten.
-# A thread: the figures include OobGC.stats, which takes a lock, and a trap
-# handler may not (ThreadError, raised in the worker's main thread).
-Signal.trap("PWR") { Thread.new { BenchRails::GcProbe.flush } }
+# The bench asks for the figures with SIGPWR once the load has stopped
+# (bench/probe_files.rb says why).
 # A prototype change to OobGC (bench/oobgc_rails.rb --patch), loaded over memkit's own.
 require ENV["OOBGC_PATCH"] if ENV["OOBGC_PATCH"]
 use Memkit::OobGC if ENV["OOBGC"] == "1"
