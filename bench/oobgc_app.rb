@@ -26,11 +26,21 @@ module OobgcBench
   # so the live heap grows for as long as the worker runs.
   GROW = Integer(ENV.fetch("OOBGC_GROW", "0"))
   CACHE = []
+  # OOBGC_MIX="rows:weight,...": each request draws its row count from
+  # these weights instead of OOBGC_ROWS, as an app whose pages differ in
+  # size does (a few large reports among many small pages). Seeded per
+  # process, so every run draws the same sequence.
+  MIX = ENV.fetch("OOBGC_MIX", "").split(",").flat_map do |pair|
+    rows, weight = pair.split(":").map { |v| Integer(v) }
+    [rows] * weight
+  end
+  DRAW = Random.new(42)
   # The probe ignores each worker's first SKIP requests (warm-up).
   SKIP = Integer(ENV.fetch("OOBGC_SKIP", "100"))
 
   def self.render
-    rows = Array.new(ROWS) do |i|
+    count = MIX.empty? ? ROWS : MIX[DRAW.rand(MIX.size)]
+    rows = Array.new(count) do |i|
       { "id" => i, "name" => "row #{i}", "tags" => %w[a b c].map { |t| "#{t}#{i}" }, "text" => "lorem ipsum " * (i % 8) }
     end
     if KEEP.positive?

@@ -26,7 +26,8 @@ Dir.mktmpdir("memkit-oobgc-cell") do |dir|
     n = [p["requests"], 1].max
     grown = p["oob"] && format(" heap growths %d (%d counted), %d MB grown", p["oob"]["grow_runs"],
                                p["oob"]["grow_runs_counted"], p["oob"]["heap_grown_bytes"] >> 20)
-    puts format("  worker: req %d cpu/req %.2f ms gc_ms/req %.2f rss %d MB gc %d major %d%s", p["requests"],
-                p["cpu_ms"] / n, p["gc_ms"].to_f / n, p["rss_kb"] / 1024, p["gc_total"], p["gc_major"], grown)
+    puts format("  worker: req %d cpu/req %.2f ms gc_ms/req %.2f rss %d MB gc %d major %d inside %d (major %d)%s",
+                p["requests"], p["cpu_ms"] / n, p["gc_ms"].to_f / n, p["rss_kb"] / 1024, p["gc_total"], p["gc_major"],
+                p["gc_inside"], p["gc_inside_major"], grown)
   end
 end

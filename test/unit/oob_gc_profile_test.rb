@@ -131,6 +131,42 @@ class OobGCProfileTest < Minitest::Test
     assert_equal [1_000, 0, 310], profile.objects
   end
 
+  # Requests of three sizes, the largest one in 20: that twentieth
+  # allocates two thirds of the objects, so the figure covers it, steadily,
+  # though the percentile sits at its edge.
+  def test_a_tail_that_allocates_most_is_covered
+    draw = Random.new(3)
+    profile = Profile.new(window: 200)
+    figures = []
+    600.times do |i|
+      r = draw.rand(100)
+      objects = if r < 5 then 240_000 elsif r < 30 then 18_000 else 1_800 end
+      profile.record([objects], objects * 8)
+      figures << profile.objects.first if i >= 300
+    end
+    assert_operator figures.min, :>=, 150_000
+    assert_operator figures.max, :<=, 240_000
+    assert_operator profile.malloc, :>=, 150_000 * 8
+  end
+
+  # Where the requests past the percentile allocate no more than it leaves
+  # out, the figure is the percentile's, as before.
+  def test_a_light_tail_leaves_the_percentile
+    profile = Profile.new(window: 200)
+    Profile::SETTLED.times { profile.record([10_000], 0) }
+    200.times { |i| profile.record([i == 7 ? 11_000 : 10_000], 0) }
+    assert_equal [10_000], profile.objects
+    # Two requests of 100k among 10k ones allocate 9% of the objects, but
+    # they are fewer than RANK.
+    190.times { profile.record([10_000], 0) }
+    2.times { profile.record([100_000], 0) }
+    8.times { profile.record([10_000], 0) }
+    assert_equal [10_000], profile.objects
+    3.times { profile.record([100_000], 0) }
+    47.times { profile.record([10_000], 0) }
+    assert_operator profile.objects.first, :>, 50_000
+  end
+
   def test_options
     assert_raises(Memkit::InvalidArgument) { Profile.new(window: 0) }
     assert_raises(Memkit::InvalidArgument) { Profile.new(percentile: 0) }

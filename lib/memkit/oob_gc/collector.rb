@@ -553,7 +553,7 @@ module Memkit
           # alone's GC runs at 0.72x its RSS.
           starving = @policy.shortfall(reading, @profile, cover: @cover).any?(&:positive?)
           ruby_would = @policy.below_minimum(reading)&.any?(&:positive?)
-          added = @growth.grow(short, @policy, rounds: starving ? HeapGrowth::ROUNDS : 1,
+          added = @growth.grow(short, @policy, rounds: starving ? HeapGrowth::ROUNDS : 1, pages: starving,
                                                one_past: @policy.cramped?(reading, @profile) || ruby_would,
                                                order: @policy.driest_first(reading, @profile.objects))
           if added
