@@ -55,7 +55,7 @@ module OobgcMatrix
     "malloc" => { "OOBGC_ROWS" => "300", "OOBGC_MALLOC_KB" => "8192" },    # ~2.4k objects, 8 MiB malloc
     "promoting" => { "OOBGC_ROWS" => "1500", "OOBGC_KEEP" => "20" },       # rows live 20 requests: majors
     "cache" => { "OOBGC_ROWS" => "1500", "OOBGC_GROW" => "40" },           # retained cache grows per request
-    "mixed" => { "OOBGC_MIX" => "150:70,1500:25,20000:5" }                 # 1.2k-160k: sizes differ per request
+    "mixed" => { "OOBGC_MIX" => "150:70,1500:25,20000:5" }                 # 150, 1,500 or 20,000 rows: 70/25/5%
   }.freeze
   SERVERS = { "unicorn" => [:unicorn, false], "puma" => [:puma, false], "puma_close" => [:puma, true] }.freeze
   WARM_REQUESTS = 100

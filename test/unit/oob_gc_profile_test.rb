@@ -167,6 +167,15 @@ class OobGCProfileTest < Minitest::Test
     assert_operator profile.objects.first, :>, 50_000
   end
 
+  # A pool most requests leave alone and a few take a dozen objects of:
+  # that tail is all it allocates, but a dozen slots is no shift.
+  def test_a_small_tail_in_a_pool_requests_barely_use_is_no_shift
+    profile = Profile.new(window: 200)
+    Profile::SETTLED.times { profile.record([10_000, 0], 0) }
+    200.times { |i| profile.record([10_000, (i % 25).zero? ? 12 : 0], 0) }
+    assert_equal [10_000, 0], profile.objects
+  end
+
   def test_options
     assert_raises(Memkit::InvalidArgument) { Profile.new(window: 0) }
     assert_raises(Memkit::InvalidArgument) { Profile.new(percentile: 0) }

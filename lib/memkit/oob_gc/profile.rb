@@ -214,27 +214,34 @@ module Memkit
       # 1.7x Ruby alone's GC runs on Puma (bench/oobgc_matrix.rb's "mixed",
       # docs/BENCHMARKS.md). So the figure is at least the one beyond which
       # the window's requests allocate no more than the percentile leaves
-      # out (5% of all). Requests past the RANK-th largest count as that
-      # one, so that one outlier still moves the figure by one step only.
+      # out (5% of all), where that is a shift (#shift?): a tail under twice
+      # the percentile is the headroom's to cover, and a pool that requests
+      # barely use (12 objects in a few, none in most: 3.4's "tiny") would
+      # change the figures at every look. Requests past the RANK-th largest
+      # count as that one, so that one outlier still moves the figure by
+      # one step only.
       def pick(values)
         return 0 if values.empty?
 
         rank = values.size - [(values.size * @percentile).ceil - 1, 0].max
-        return values.max(rank).last if rank <= RANK
-
         tops = values.max(rank)
+        figure = tops.last
+        return figure if rank <= RANK
+
         cap = tops[RANK - 1]
         allowed = (1 - @percentile) * (values.sum - tops.first(RANK - 1).sum + ((RANK - 1) * cap))
         above = 0
         tops.each_with_index do |value, k|
           value = cap if value > cap
-          # The k largest allocate `allowed` beyond a figure between this
-          # value and the one before.
-          return ((above - allowed) / k).ceil if above - (k * value) > allowed
-
+          if above - (k * value) > allowed
+            # The k largest allocate `allowed` beyond a figure between this
+            # value and the one before.
+            tail = ((above - allowed) / k).ceil
+            return shift?(figure, tail) ? tail : figure
+          end
           above += value
         end
-        tops.last
+        figure
       end
     end
   end
