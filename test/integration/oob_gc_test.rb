@@ -452,6 +452,36 @@ class OobGCTest < Minitest::Test
     assert_equal 50_000, keep.size
   end
 
+  # Where one of Ruby's growth steps (1.57x the pool) would pass the
+  # budget, the heap grows by the pages the budget allows instead, with one
+  # GC to free the fillers; asked not to, it neither grows nor collects.
+  def test_heap_growth_by_the_page_where_rubys_step_passes_the_budget
+    skip "the pools share their allocatable slots" unless Memkit::OobGC::HeapGrowth::MINOR_GROWS
+    in_fresh_process { heap_growth_by_the_page_where_rubys_step_passes_the_budget }
+  end
+
+  def heap_growth_by_the_page_where_rubys_step_passes_the_budget
+    keep = Array.new(300_000) { [] }
+    GC.start
+    policy = Memkit::OobGC::Policy.detect.new
+    slot = GC.respond_to?(:stat_heap) ? GC.stat_heap(0, :slot_size) : GC::INTERNAL_CONSTANTS.fetch(:RVALUE_SIZE)
+    page = Memkit::OobGC::HeapGrowth.page_size
+    growth = Memkit::OobGC::HeapGrowth.new(max_bytes: 2 << 20)
+    free = policy.free(Memkit::OobGC::Collector.reading)[0]
+    count = GC.count
+    assert_nil growth.grow([40_000], policy)
+    assert_equal count, GC.count
+    # The fillers take the pages Ruby had allowed first, and those count.
+    allowed = Memkit::OobGC::HeapGrowth.page_bytes - Memkit::OobGC::HeapGrowth.eden_bytes
+    added = growth.grow([40_000], policy, pages: true)
+    assert_operator GC.count - count, :<=, 2
+    assert_operator added, :>=, (40_000 * slot) - page
+    assert_operator added, :<=, allowed + (2 << 20) + page
+    assert_equal added, growth.grown_bytes
+    assert_operator policy.free(Memkit::OobGC::Collector.reading)[0], :>=, free + 39_000
+    assert_equal 300_000, keep.size
+  end
+
   # Right after a major, Ruby grows the heap at a minor GC, and fillers that
   # survived one GC are young: the growth marks the fillers, not the whole
   # heap again (a major a round and one to drop the fillers held a Puma

@@ -115,7 +115,8 @@ module Memkit
             # fill's live share): none that would pass the bound.
             past = now * STEP * slot_size(i) > budget - cost(before)
             if past && !(one_past && round.zero? && ran.zero?)
-              ran += page(policy, i, goal - now) if pages && round.zero?
+              # Less than a page is not worth the fill and the GC.
+              ran += page(policy, i, goal - now) if pages && round.zero? && goal - now >= page_slots(i)
               break
             end
 
@@ -255,6 +256,8 @@ module Memkit
         end
         1
       end
+
+      def page_slots(index) = self.class.page_size / slot_size(index)
 
       # An object that lands in the pool (see .filler_length).
       def filler(length)
