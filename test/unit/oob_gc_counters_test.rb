@@ -10,6 +10,10 @@ require "memkit/oob_gc"
 class OobGCCountersTest < Minitest::Test
   Counters = Memkit::OobGC::Counters
 
+  class FailingPolicy < Memkit::OobGC::Policy.detect
+    def observe(*) = raise(ArgumentError, "broken policy")
+  end
+
   def test_gives_up_aloud_once
     in_child do
       lines = []
@@ -36,6 +40,22 @@ class OobGCCountersTest < Minitest::Test
       stats = Counters.stats
       assert_equal 1, stats.inside_major
       assert_equal 1, stats.watched
+    end
+  end
+
+  # A collector that fails once the response is out (where servers drop
+  # what is raised) says so like any other reason, once, and leaves the
+  # process idle for the next request.
+  def test_a_collector_that_fails_says_so_once
+    in_child do
+      lines = []
+      collector = Memkit::OobGC::Collector.new(policy: FailingPolicy, log: ->(line) { lines << line })
+      2.times { assert_equal 0, collector.finished(collector.started) }
+      assert_equal 0, collector.out_of_band
+      assert Counters.idle?
+      assert_match(/\AArgumentError: broken policy \(.+:\d+:in /, Counters.stats.gave_up)
+      assert_equal 1, lines.size
+      assert_match(/cannot keep GC out of requests: ArgumentError: broken policy/, lines.first)
     end
   end
 

@@ -219,6 +219,8 @@ module Memkit
           quiet(reading)
         end
         ran
+      rescue StandardError => e
+        failed(e)
       end
 
       # Whether a major GC will run once this unit has finished (only the
@@ -252,9 +254,22 @@ module Memkit
         ran = run(due, reading, headroom: @hook_headroom)
         @cycle = [GC.count, @seen]
         ran
+      rescue StandardError => e
+        failed(e)
       end
 
       private
+
+      # Both entry points run once the response has gone out, where a server
+      # drops what they raise (Puma's after_reply and out_of_band hooks log
+      # it only in debug mode): a GC that failed to run between requests
+      # then runs inside one, and nothing said why. So it is said like any
+      # other reason (Counters.give_up), and the request is not disturbed.
+      # Returns the GCs run (0).
+      def failed(error)
+        Counters.give_up("#{error.class}: #{error.message} (#{error.backtrace&.first})", @log)
+        0
+      end
 
       # The GC the policy finds due at `headroom`, and the reading it decided
       # on. A GC found due mid-sweep is decided again once the sweep is done,
