@@ -482,41 +482,6 @@ class OobGCTest < Minitest::Test
     assert_equal 300_000, keep.size
   end
 
-  # Laid before a GC, with the pool all but full, the pages come a whole
-  # page at a time, no more fillers than the cap allows in all, and no GC
-  # runs until the collector's own, which frees the fillers and keeps the
-  # pages. A pool with more free slots than the cap is left as it is.
-  def test_laying_pages_before_a_gc_within_the_cap
-    in_fresh_process { laying_pages_before_a_gc_within_the_cap }
-  end
-
-  def laying_pages_before_a_gc_within_the_cap
-    keep = Array.new(200_000) { [] }
-    GC.start
-    policy = Memkit::OobGC::Policy.detect.new
-    slot = GC.respond_to?(:stat_heap) ? GC.stat_heap(0, :slot_size) : GC::INTERNAL_CONSTANTS.fetch(:RVALUE_SIZE)
-    per_page = Memkit::OobGC::HeapGrowth.page_size / slot
-    growth = Memkit::OobGC::HeapGrowth.new(max_bytes: 64 << 20)
-    free = -> { policy.free(Memkit::OobGC::Collector.reading)[0] }
-    assert_equal 0, growth.lay([20_000], policy, cap: free.call / 2)
-
-    disabled = GC.disable
-    held = Array.new(free.call - 1_000) { [] }
-    GC.enable unless disabled
-    count = GC.count
-    left = free.call
-    # The fillers take the pages Ruby had allowed first, and those count.
-    allowed = Memkit::OobGC::HeapGrowth.page_bytes - Memkit::OobGC::HeapGrowth.eden_bytes
-    added = growth.lay([20_000], policy, cap: left + 10_000)
-    assert_equal count, GC.count
-    assert_operator added, :>=, (10_000 - per_page) * slot
-    assert_operator added, :<=, allowed + (10_000 * slot) + Memkit::OobGC::HeapGrowth.page_size
-    assert_equal added, growth.grown_bytes
-    GC.start(full_mark: false)
-    assert_operator free.call, :>=, left + 10_000 - per_page
-    assert_equal [200_000, held.size], [keep.size, held.size]
-  end
-
   # Right after a major, Ruby grows the heap at a minor GC, and fillers that
   # survived one GC are young: the growth marks the fillers, not the whole
   # heap again (a major a round and one to drop the fillers held a Puma

@@ -482,7 +482,7 @@ module Memkit
 
       def collect(kind, reading, lazy, headroom)
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-        reading = lay(finish_sweep(reading))
+        reading = finish_sweep(reading)
         @policy.collecting(reading, kind)
         majors = GC.stat(:major_gc_count)
         ran = kind == :minor && @dry&.run_due_minor(reading, @profile)
@@ -495,22 +495,6 @@ module Memkit
         Counters.record(kind == :major, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
         @policy.collected(kind, self.class.reading)
         @dry&.take_dried(@profile)
-      end
-
-      # The slots the last sizing found short of `want` (#grow), added now,
-      # with the pools all but full, a few requests' worth at a time (see
-      # HeapGrowth#lay); the GC about to run frees the fillers. Returns the
-      # reading the GC will start from.
-      def lay(reading)
-        want = @laying or return reading
-
-        @laying = nil
-        cap = ((@cover + 1) * @profile.objects.sum).ceil
-        added = @growth.lay(want, @policy, cap: cap, order: @policy.driest_first(reading, @profile.objects))
-        return reading unless added.positive?
-
-        Counters.grew(added)
-        self.class.reading
       end
 
       # Ruby finishes the last GC's lazy sweep before it starts the next, and
@@ -566,38 +550,39 @@ module Memkit
         else
           short = @policy.shortfall(reading, @profile, cover: @cover, want: @want)
         end
-        @laying = nil
-        return unless short.any?(&:positive?) && @growth.budget.positive?
-
-        # A heap that cannot hold the next `cover` requests grows as far as
-        # it must at once (HeapGrowth#grow); one short only of `want` is laid
-        # page by page before the next GCs (#lay), each time from the
-        # sizing after the last GC, within the budget that GC's RSS left.
-        starving = @policy.shortfall(reading, @profile, cover: @cover).any?(&:positive?)
-        return @laying = short unless starving
-        return if @grown_at && @seen - @grown_at < @regrow_wait
-
-        @grown_at = @seen
-        # Past the budget only to keep GC out of requests: a step past it is
-        # for a heap the next request may run dry (Policy#cramped?), or one
-        # Ruby alone would take (Policy#below_minimum), not a cost of
-        # OobGC's sizing. On "huge" (Ruby 3.3) the main pool's step did not
-        # fit in the share, so it never grew and ran a GC after every
-        # request, 2.3x Ruby alone's GC runs at 0.72x its RSS.
-        ruby_would = @policy.below_minimum(reading)&.any?(&:positive?)
-        added = @growth.grow(short, @policy, pages: true,
-                                             one_past: @policy.cramped?(reading, @profile) || ruby_would,
-                                             order: @policy.driest_first(reading, @profile.objects))
-        return unless added
-
-        Counters.grew(added)
-        after = self.class.reading
-        @policy.collected(@growth.last_kind, after)
-        # Each attempt costs major GCs: one that won Ruby over less than
-        # half the slots asked for waits twice as long before the next.
-        still = @policy.shortfall(after, @profile, cover: @cover, want: @want)
-        @refused = still.sum > short.sum / 2
-        @regrow_wait = @refused ? @regrow_wait * 2 : @regrow_after
+        if short.any?(&:positive?) && @growth.budget.positive? &&
+           (@grown_at.nil? || @seen - @grown_at >= @regrow_wait)
+          @grown_at = @seen
+          # A heap that cannot hold the next `cover` requests grows as far as
+          # it must at once; beyond that, one of Ruby's growth steps at a time,
+          # `regrow_after` requests apart, so that the RSS each step costs is
+          # measured (RssBudget) before the next. The budget gives way only
+          # to keep GC out of requests: a step past it is for a heap the next
+          # request may run dry (Policy#cramped?, a heap also short of
+          # `cover`). On Ruby 3.1 a worker of the "medium" shape, 1 slot
+          # short of `cover`, took a 24 MB step where 20 MB were left, RSS
+          # 1.34x no OobGC's (docs/BENCHMARKS.md). And to a step Ruby alone
+          # would take (Policy#below_minimum): not a cost of OobGC's sizing.
+          # On "huge" (Ruby 3.3) the main pool's step did not fit in the share,
+          # so it never grew and ran a GC after every request, 2.3x Ruby
+          # alone's GC runs at 0.72x its RSS.
+          starving = @policy.shortfall(reading, @profile, cover: @cover).any?(&:positive?)
+          ruby_would = @policy.below_minimum(reading)&.any?(&:positive?)
+          added = @growth.grow(short, @policy, rounds: starving ? HeapGrowth::ROUNDS : 1, pages: starving,
+                                               one_past: @policy.cramped?(reading, @profile) || ruby_would,
+                                               order: @policy.driest_first(reading, @profile.objects))
+          if added
+            Counters.grew(added)
+            after = self.class.reading
+            @policy.collected(@growth.last_kind, after)
+            # Each attempt costs major GCs: one that won Ruby over less than
+            # half the slots asked for (or, one step at a time, none) waits
+            # twice as long before the next.
+            still = @policy.shortfall(after, @profile, cover: @cover, want: @want)
+            @refused = starving ? still.sum > short.sum / 2 : added.zero?
+            @regrow_wait = @refused ? @regrow_wait * 2 : @regrow_after
+          end
+        end
       end
 
       # Runs the GC due for malloc'd bytes as Ruby's own: mallocs (without

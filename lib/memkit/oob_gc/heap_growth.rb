@@ -144,33 +144,6 @@ module Memkit
         added
       end
 
-      # Adds, just before a GC that frees the fillers, pages for the slots
-      # `want` asks (per pool, within the budget), but no more fillers in all
-      # than `cap`: a pool still holding many free slots at this GC is not
-      # what runs dry first, and is left. A heap grown by one of Ruby's steps
-      # at once (#grow) paused both Puma workers of the "cache" shape (Ruby
-      # 3.3) for 110-190 ms at the same request: the fill and a major of a
-      # heap of a million old objects. Laid a few requests' worth at a time,
-      # when the pool is all but full, it costs about what those requests
-      # allocate, and adds what the sizing asks rather than Ruby's step.
-      # Returns the bytes of object pages added.
-      def lay(want, policy, cap:, order: want.each_index)
-        before = footprint
-        left = cap
-        order.each do |i|
-          free = policy.free(Collector.reading).fetch(i)
-          slots = [want.fetch(i), (budget - cost(before)) / slot_size(i), left - free].min
-          slots -= slots % page_slots(i)
-          next unless slots.positive?
-
-          page(policy, i, slots)
-          left -= free + slots
-        end
-        added = cost(before)
-        @grown_bytes += added
-        added
-      end
-
       # Bytes of the object pages the heap holds now, and of those Ruby has
       # decided to add as allocation needs them (what it costs in RSS; 3.4's
       # shared allowance counted as 40-byte slots, its least).
