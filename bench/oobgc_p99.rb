@@ -1,0 +1,87 @@
+# frozen_string_literal: true
+
+# p99 latency at ~60% load, Memkit::OobGC against no OobGC, from rounds
+# pooled rather than one run per cell:
+#
+#   flock /tmp/memkit-bench.lock bundle exec ruby -Ilib bench/oobgc_p99.rb \
+#     [--shapes cache,tiny] [--servers puma,unicorn] [--rounds 3] [--duration 8]
+#
+# bench/oobgc_matrix.rb measures each paced cell once, and one 8-second run's
+# p99 rests on about 25 of 2,500 requests: the same cell read 15-27 ms without
+# OobGC in four runs. Here each (shape, server) boots a fresh server per mode
+# and round, the modes in a different order each round, and the percentiles
+# come from the rounds' wrk histograms added together. The pace is the
+# matrix's: from a saturated run without OobGC, each connection pauses so the
+# workers are ~60% busy.
+#
+# wrk corrects its histogram for coordinated omission: a connection held
+# up for P ms adds samples at P - i, P - 2i, ..., i being the mean time
+# between its requests. So one pause that holds every worker at once (a
+# heap growth, a major in both workers) sets many samples, and the p99.
+require_relative "oobgc_matrix"
+
+module OobgcP99
+  extend self
+
+  def run(argv)
+    opts = { shapes: OobgcMatrix::SHAPES.keys, servers: OobgcMatrix::SERVERS.keys, rounds: 3, duration: 8,
+             connections: 4, load: 0.6 }
+    OptionParser.new do |o|
+      o.on("--shapes LIST", Array) { |v| opts[:shapes] = v }
+      o.on("--servers LIST", Array) { |v| opts[:servers] = v }
+      o.on("--rounds N", Integer) { |v| opts[:rounds] = v }
+      o.on("--duration S", Integer) { |v| opts[:duration] = v }
+    end.parse!(argv)
+    abort "wrk not found: script/setup installs it" unless system("command -v wrk >/dev/null")
+    puts "oobgc p99: #{RUBY_DESCRIPTION}; 2 workers; wrk -c#{opts[:connections]} -d#{opts[:duration]}s; " \
+         "#{opts[:rounds]} rounds pooled; started #{Time.now.utc.strftime('%F %T')} UTC"
+    rows = []
+    met = []
+    opts[:shapes].each do |shape|
+      opts[:servers].each do |name|
+        kind, close = OobgcMatrix::SERVERS.fetch(name)
+        modes = kind == :puma ? %w[none memkit memkit_plugin] : %w[none memkit]
+        base = OobgcBenchRunner.parse_wrk(measure(kind, close, shape, "none", 0, opts).first)
+        cycle_ms = 1000.0 * opts[:connections] / [base[:rps] * opts[:load], 0.1].max
+        pace = [(cycle_ms - base[:p50].to_f).round, 1].max
+        hists = Hash.new { |h, k| h[k] = Hash.new(0) }
+        runs = Hash.new { |h, k| h[k] = [] }
+        opts[:rounds].times do |round|
+          modes.rotate(round).each do |mode|
+            out, hist = measure(kind, close, shape, mode, pace, opts)
+            hist.each { |usec, count| hists[mode][usec] += count }
+            runs[mode] << OobgcBenchRunner.parse_wrk(out)[:p99]
+            $stderr.puts format("%s %s %s %s round %d: p99 %.1f ms", Time.now.utc.strftime("%T"), name, shape, mode,
+                                round, runs[mode].last.to_f)
+          end
+        end
+        none = OobgcBenchRunner.percentile(hists["none"], 99)
+        modes.each do |mode|
+          p99 = OobgcBenchRunner.percentile(hists[mode], 99)
+          met << (p99 <= none) unless mode == "none"
+          rows << [name, shape, mode, pace, format("%.1f", OobgcBenchRunner.percentile(hists[mode], 50)),
+                   format("%.1f", p99), format("%.1f", OobgcBenchRunner.percentile(hists[mode], 99.9)),
+                   format("%.2f", p99 / none), runs[mode].map { |v| format("%.1f", v.to_f) }.join(" ")]
+        end
+      end
+    end
+    puts Memkit::CLI.table(%w[server shape mode pace_ms p50_ms p99_ms p99.9_ms p99_x per_round_p99], rows,
+                           left: [0, 1, 2, 8])
+    puts "p99 <= no OobGC's (pooled): #{met.count(true)} of #{met.size} memkit cells"
+  end
+
+  # One fresh server, paced by `pace` ms (0: saturated). Returns wrk's
+  # output and its latency histogram ({usec => count}).
+  def measure(kind, close, shape, mode, pace, opts)
+    Dir.mktmpdir("memkit-oobgc-p99") do |dir|
+      path = File.join(dir, "latency.txt")
+      extra = mode == "memkit_plugin" ? "plugin :memkit" : ""
+      out = OobgcMatrix.serve(kind, shape, OobgcMatrix.app_source(mode, dir), dir, opts, close, extra: extra) do |url|
+        OobgcMatrix.wrk(url, opts[:duration], opts, pace, close, path)
+      end
+      [out, File.readlines(path).to_h { |line| line.split.map(&:to_i) }]
+    end
+  end
+end
+
+OobgcP99.run(ARGV) if $PROGRAM_NAME == __FILE__
