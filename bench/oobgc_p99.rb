@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
-# p99 latency at ~60% load, Memkit::OobGC against no OobGC, from rounds
-# pooled rather than one run per cell:
+# p99 latency at ~60% load, and throughput at saturation, Memkit::OobGC
+# against no OobGC, from rounds pooled rather than one run per cell:
 #
 #   flock /tmp/memkit-bench.lock bundle exec ruby -Ilib bench/oobgc_p99.rb \
 #     [--shapes cache,tiny] [--servers puma,unicorn] [--rounds 3] [--duration 8]
@@ -10,7 +10,9 @@
 # p99 rests on about 25 of 2,500 requests: the same cell ("cache" behind Puma,
 # Ruby 3.3) read 12-27 ms without OobGC in nine runs. Here each (shape, server) boots a fresh server per mode
 # and round, the modes in a different order each round, and the percentiles
-# come from the rounds' wrk histograms added together. The pace is the
+# come from the rounds' wrk histograms added together. After its paced run,
+# the same server is loaded as fast as it answers for as long: throughput is
+# the rounds' requests over their seconds. The pace is the
 # matrix's: from a saturated run without OobGC, each connection pauses so the
 # workers are ~60% busy.
 #
@@ -37,6 +39,7 @@ module OobgcP99
          "#{opts[:rounds]} rounds pooled; started #{Time.now.utc.strftime('%F %T')} UTC"
     rows = []
     met = []
+    fast = []
     opts[:shapes].each do |shape|
       opts[:servers].each do |name|
         kind, close = OobgcMatrix::SERVERS.fetch(name)
@@ -46,40 +49,53 @@ module OobgcP99
         pace = [(cycle_ms - base[:p50].to_f).round, 1].max
         hists = Hash.new { |h, k| h[k] = Hash.new(0) }
         runs = Hash.new { |h, k| h[k] = [] }
+        rates = Hash.new { |h, k| h[k] = [] }
         opts[:rounds].times do |round|
           modes.rotate(round).each do |mode|
-            out, hist = measure(kind, close, shape, mode, pace, opts)
+            out, hist, saturated = measure(kind, close, shape, mode, pace, opts)
             hist.each { |usec, count| hists[mode][usec] += count }
             runs[mode] << OobgcBenchRunner.parse_wrk(out)[:p99]
-            $stderr.puts format("%s %s %s %s round %d: p99 %.1f ms", Time.now.utc.strftime("%T"), name, shape, mode,
-                                round, runs[mode].last.to_f)
+            rates[mode] << OobgcBenchRunner.parse_wrk(saturated)[:rps]
+            $stderr.puts format("%s %s %s %s round %d: p99 %.1f ms, %.0f req/s saturated", Time.now.utc.strftime("%T"),
+                                name, shape, mode, round, runs[mode].last.to_f, rates[mode].last.to_f)
           end
         end
         none = OobgcBenchRunner.percentile(hists["none"], 99)
+        none_rps = rates["none"].sum / rates["none"].size
         modes.each do |mode|
           p99 = OobgcBenchRunner.percentile(hists[mode], 99)
-          met << (p99 <= none) unless mode == "none"
+          rps = rates[mode].sum / rates[mode].size # every run lasts `duration`: the pooled rate
+          unless mode == "none"
+            met << (p99 <= none)
+            fast << (rps >= 0.95 * none_rps)
+          end
           rows << [name, shape, mode, pace, format("%.1f", OobgcBenchRunner.percentile(hists[mode], 50)),
                    format("%.1f", p99), format("%.1f", OobgcBenchRunner.percentile(hists[mode], 99.9)),
-                   format("%.2f", p99 / none), runs[mode].map { |v| format("%.1f", v.to_f) }.join(" ")]
+                   format("%.2f", p99 / none), runs[mode].map { |v| format("%.1f", v.to_f) }.join(" "),
+                   format("%.0f", rps), format("%.2f", rps / none_rps)]
         end
       end
     end
-    puts Memkit::CLI.table(%w[server shape mode pace_ms p50_ms p99_ms p99.9_ms p99_x per_round_p99], rows,
+    puts Memkit::CLI.table(%w[server shape mode pace_ms p50_ms p99_ms p99.9_ms p99_x per_round_p99 rps rps_x], rows,
                            left: [0, 1, 2, 8])
     puts "p99 <= no OobGC's (pooled): #{met.count(true)} of #{met.size} memkit cells"
+    puts "throughput >= 0.95x no OobGC's (pooled): #{fast.count(true)} of #{fast.size} memkit cells"
   end
 
-  # One fresh server, paced by `pace` ms (0: saturated). Returns wrk's
-  # output and its latency histogram ({usec => count}).
+  # One fresh server, paced by `pace` ms (0: saturated), then saturated as
+  # long. Returns the paced run's wrk output and latency histogram ({usec =>
+  # count}), and the saturated run's output (nil where `pace` is 0).
   def measure(kind, close, shape, mode, pace, opts)
     Dir.mktmpdir("memkit-oobgc-p99") do |dir|
       path = File.join(dir, "latency.txt")
       extra = mode == "memkit_plugin" ? "plugin :memkit" : ""
+      saturated = nil
       out = OobgcMatrix.serve(kind, shape, OobgcMatrix.app_source(mode, dir), dir, opts, close, extra: extra) do |url|
-        OobgcMatrix.wrk(url, opts[:duration], opts, pace, close, path)
+        paced = OobgcMatrix.wrk(url, opts[:duration], opts, pace, close, path)
+        saturated = OobgcMatrix.wrk(url, opts[:duration], opts, 0, close, nil) if pace.positive?
+        paced
       end
-      [out, File.readlines(path).to_h { |line| line.split.map(&:to_i) }]
+      [out, File.readlines(path).to_h { |line| line.split.map(&:to_i) }, saturated]
     end
   end
 end
