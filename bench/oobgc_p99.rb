@@ -1,7 +1,8 @@
 # frozen_string_literal: true
 
 # p99 latency at ~60% load, and throughput at saturation, Memkit::OobGC
-# against no OobGC, from rounds pooled rather than one run per cell:
+# against no OobGC, from rounds pooled rather than one run per cell; with
+# where the GC runs went and each worker's RSS:
 #
 #   flock /tmp/memkit-bench.lock bundle exec ruby -Ilib bench/oobgc_p99.rb \
 #     [--shapes cache,tiny] [--servers puma,unicorn] [--rounds 3] [--duration 8]
@@ -12,7 +13,9 @@
 # and round, the modes in a different order each round, and the percentiles
 # come from the rounds' wrk histograms added together. After its paced run,
 # the same server is loaded as fast as it answers for as long: throughput is
-# the rounds' requests over their seconds. The pace is the
+# the rounds' requests over their seconds. GC runs (out of requests, majors
+# inside) are the workers' own counts over both runs, after the warm-up; RSS
+# is each worker's at the end, against no OobGC's. The pace is the
 # matrix's: from a saturated run without OobGC, each connection pauses so the
 # workers are ~60% busy.
 #
@@ -40,6 +43,8 @@ module OobgcP99
     rows = []
     met = []
     fast = []
+    placed = []
+    lean = []
     opts[:shapes].each do |shape|
       opts[:servers].each do |name|
         kind, close = OobgcMatrix::SERVERS.fetch(name)
@@ -50,9 +55,11 @@ module OobgcP99
         hists = Hash.new { |h, k| h[k] = Hash.new(0) }
         runs = Hash.new { |h, k| h[k] = [] }
         rates = Hash.new { |h, k| h[k] = [] }
+        workers = Hash.new { |h, k| h[k] = [] }
         opts[:rounds].times do |round|
           modes.rotate(round).each do |mode|
-            out, hist, saturated = measure(kind, close, shape, mode, pace, opts)
+            out, hist, saturated, probes = measure(kind, close, shape, mode, pace, opts)
+            workers[mode].concat(probes)
             hist.each { |usec, count| hists[mode][usec] += count }
             runs[mode] << OobgcBenchRunner.parse_wrk(out)[:p99]
             rates[mode] << OobgcBenchRunner.parse_wrk(saturated)[:rps]
@@ -62,29 +69,42 @@ module OobgcP99
         end
         none = OobgcBenchRunner.percentile(hists["none"], 99)
         none_rps = rates["none"].sum / rates["none"].size
+        none_rss = rss(workers["none"])
         modes.each do |mode|
           p99 = OobgcBenchRunner.percentile(hists[mode], 99)
           rps = rates[mode].sum / rates[mode].size # every run lasts `duration`: the pooled rate
+          gcs = workers[mode].sum { |w| w["gc_total"] }
+          out_share = gcs.zero? ? 1.0 : 1 - workers[mode].sum { |w| w["gc_inside"] }.fdiv(gcs)
+          majors_inside = workers[mode].sum { |w| w["gc_inside_major"] }
           unless mode == "none"
             met << (p99 <= none)
             fast << (rps >= 0.95 * none_rps)
+            placed << (out_share >= 0.9)
+            lean << (rss(workers[mode]) <= 1.3 * none_rss)
           end
           rows << [name, shape, mode, pace, format("%.1f", OobgcBenchRunner.percentile(hists[mode], 50)),
                    format("%.1f", p99), format("%.1f", OobgcBenchRunner.percentile(hists[mode], 99.9)),
                    format("%.2f", p99 / none), runs[mode].map { |v| format("%.1f", v.to_f) }.join(" "),
-                   format("%.0f", rps), format("%.2f", rps / none_rps)]
+                   format("%.0f", rps), format("%.2f", rps / none_rps), format("%.1f", 100 * out_share), majors_inside,
+                   workers[mode].size, format("%.2f", rss(workers[mode]) / none_rss)]
         end
       end
     end
-    puts Memkit::CLI.table(%w[server shape mode pace_ms p50_ms p99_ms p99.9_ms p99_x per_round_p99 rps rps_x], rows,
-                           left: [0, 1, 2, 8])
+    puts Memkit::CLI.table(%w[server shape mode pace_ms p50_ms p99_ms p99.9_ms p99_x per_round_p99 rps rps_x
+                              out_% majors_in workers rss_x], rows, left: [0, 1, 2, 8])
     puts "p99 <= no OobGC's (pooled): #{met.count(true)} of #{met.size} memkit cells"
     puts "throughput >= 0.95x no OobGC's (pooled): #{fast.count(true)} of #{fast.size} memkit cells"
+    puts ">= 90% of GC runs out of requests: #{placed.count(true)} of #{placed.size}; " \
+         "RSS per worker <= 1.3x no OobGC's: #{lean.count(true)} of #{lean.size}"
   end
+
+  # The workers' mean RSS, in kB, from their probes.
+  def rss(workers) = workers.sum { |w| w["rss_kb"] }.fdiv([workers.size, 1].max)
 
   # One fresh server, paced by `pace` ms (0: saturated), then saturated as
   # long. Returns the paced run's wrk output and latency histogram ({usec =>
-  # count}), and the saturated run's output (nil where `pace` is 0).
+  # count}), the saturated run's output (nil where `pace` is 0), and the
+  # workers' probes.
   def measure(kind, close, shape, mode, pace, opts)
     Dir.mktmpdir("memkit-oobgc-p99") do |dir|
       path = File.join(dir, "latency.txt")
@@ -95,7 +115,7 @@ module OobgcP99
         saturated = OobgcMatrix.wrk(url, opts[:duration], opts, 0, close, nil) if pace.positive?
         paced
       end
-      [out, File.readlines(path).to_h { |line| line.split.map(&:to_i) }, saturated]
+      [out, File.readlines(path).to_h { |line| line.split.map(&:to_i) }, saturated, OobgcMatrix.probes(dir)]
     end
   end
 end

@@ -707,6 +707,7 @@ class OobGCTest < Minitest::Test
     def decide(_reading, _profile) = nil
     def collecting(_reading, _kind) = nil
     def collected(_kind, _reading) = nil
+    def allocated_aside(_objects) = nil
   end
 
   # Ruby 3.4 with full marks off, pool 2 holding `arrays` arrays, a quarter

@@ -536,6 +536,27 @@ class OobGCPolicyTest < Minitest::Test
     refute policy.valve?(at.(60_000_000, 840_000, need_major_by: :nofree, count: 30, heap_available_slots: 9_000_000))
   end
 
+  # Ruby 3.4, "tiny" behind Puma: a :nofree major turned down, then the
+  # minor run as Ruby's own by allocating fillers until a pool ran dry
+  # (DryGrowth). The fillers die young: they do not bring the old garbage
+  # that makes the major Ruby asks for again after that minor worth its pause.
+  def test_no_full_mark_leaves_the_collectors_fillers_out_of_the_garbage_expected
+    policy = Policy::NoFullMark.new
+    req = profile([10_000, 2_000], requests: 40)
+    at = ->(allocated, **o) { pooled([[1_000_000, 700_000], [400_000, 330_000]], total_allocated_objects: allocated, **o) }
+    policy.observe(at.(10_000_000))
+    assert_nil policy.decide(at.(10_000_000), req)
+    policy.collected(:minor, at.(40_000_000, heap_marked_slots: 1_030_000, count: 20))
+    policy.collecting(at.(41_000_000, count: 20), :major)
+    policy.collected(:major, at.(41_000_000, heap_marked_slots: 1_000_000, count: 21))
+    # 30,000 slots of old garbage in 31 million objects: a request's 12,000
+    # objects' worth once 12.4 million more are allocated.
+    refute policy.major_asked?(at.(50_000_000, need_major_by: :nofree, count: 30)), "9 million since"
+    policy.allocated_aside(5_000_000)
+    refute policy.major_asked?(at.(55_000_000, need_major_by: :nofree, count: 31)), "the fillers are no old garbage"
+    assert policy.major_asked?(at.(59_000_000, need_major_by: :nofree, count: 32)), "13 million by requests"
+  end
+
   # Recorded on Ruby 3.4, "cache" shape behind Puma: while a :nofree major
   # turned down is pending, Ruby's lazy sweep keeps over a third of what it
   # frees for that major's incremental mark, out of the requests' reach until the

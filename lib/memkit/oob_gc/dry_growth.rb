@@ -181,11 +181,15 @@ module Memkit
         limit = @policy.free(reading).fetch(pool) + @policy.kept_back(reading).fetch(pool, 0) + RUN_DRY_MARGIN
         length = HeapGrowth.filler_length(pool)
         allocated = 0
-        while GC.count == count
-          return false if allocated > limit
+        begin
+          while GC.count == count
+            return false if allocated > limit
 
-          Array.new(length)
-          allocated += 1
+            Array.new(length)
+            allocated += 1
+          end
+        ensure
+          @policy.allocated_aside(allocated)
         end
         GCRest.finish
         true
@@ -316,7 +320,9 @@ module Memkit
       # instead of adding them, so the sweep is finished first.
       def fill_past(index, slots)
         GCRest.finish
-        Array.new(free_slots(index) + slots) { Array.new(HeapGrowth.filler_length(index)) }
+        objects = free_slots(index) + slots
+        Array.new(objects) { Array.new(HeapGrowth.filler_length(index)) }
+        @policy.allocated_aside(objects + 1)
         nil
       end
 
