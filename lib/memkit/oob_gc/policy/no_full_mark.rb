@@ -120,7 +120,7 @@ module Memkit
         # The collector allocated `objects` itself: fillers that run a pool
         # dry or make it take pages (DryGrowth). They die young, so they are
         # not what a major's old garbage comes with (#worth_major?): counted,
-        # the 800,000 fillers of a minor run as Ruby's own where a `:nofree`
+        # about 800,000 fillers of a minor run as Ruby's own where a `:nofree`
         # major had been turned down made that major worth running right
         # after it, on the "tiny" shape (3.4, Puma) a pause of 260 ms in all.
         def allocated_aside(objects)
