@@ -5,7 +5,7 @@
 # where the GC runs went and each worker's RSS:
 #
 #   flock /tmp/memkit-bench.lock bundle exec ruby -Ilib bench/oobgc_p99.rb \
-#     [--shapes cache,tiny] [--servers puma,unicorn] [--rounds 3] [--duration 8]
+#     [--shapes cache,tiny] [--servers puma,unicorn] [--rounds 3] [--duration 8] [--pin]
 #
 # bench/oobgc_matrix.rb measures each paced cell once, and one 8-second run's
 # p99 rests on about 25 of 2,500 requests: the same cell ("cache" behind Puma,
@@ -36,10 +36,12 @@ module OobgcP99
       o.on("--servers LIST", Array) { |v| opts[:servers] = v }
       o.on("--rounds N", Integer) { |v| opts[:rounds] = v }
       o.on("--duration S", Integer) { |v| opts[:duration] = v }
+      o.on("--pin", "servers on CPU 0, wrk on CPU 1 (OobgcMatrix#pin!)") { opts[:pin] = true }
     end.parse!(argv)
+    OobgcMatrix.pin! if opts[:pin]
     abort "wrk not found: script/setup installs it" unless system("command -v wrk >/dev/null")
     puts "oobgc p99: #{RUBY_DESCRIPTION}; 2 workers; wrk -c#{opts[:connections]} -d#{opts[:duration]}s; " \
-         "#{opts[:rounds]} rounds pooled; started #{Time.now.utc.strftime('%F %T')} UTC"
+         "#{opts[:rounds]} rounds pooled#{'; pinned' if opts[:pin]}; started #{Time.now.utc.strftime('%F %T')} UTC"
     rows = []
     met = []
     fast = []
