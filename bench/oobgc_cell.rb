@@ -3,16 +3,18 @@
 # One cell of bench/oobgc_matrix.rb, with a file of your own required
 # right after memkit in the app (a patch to try, a probe to attach):
 #
-#   flock /tmp/memkit-bench.lock bundle exec ruby -Ilib bench/oobgc_cell.rb MODE SHAPE SERVER [PACE_MS] [FILE]
+#   flock /tmp/memkit-bench.lock bundle exec ruby -Ilib bench/oobgc_cell.rb [--pin] MODE SHAPE SERVER [PACE_MS] [FILE]
 #
 # MODE: none, memkit, memkit_plugin; SHAPE: a key of OobgcMatrix::SHAPES;
 # SERVER: unicorn, puma, puma_close; PACE_MS: 0 (saturated, the default) or
 # each connection's pause between requests. Prints wrk's requests per
 # second, p50 and p99 latency and, per worker, what its probe counted after the warm-up.
+# --pin: servers on CPU 0 and wrk on CPU 1, as bench/oobgc_p99.rb --pin.
 require_relative "oobgc_matrix"
 
+OobgcMatrix.pin! if ARGV.delete("--pin")
 mode, shape, server, pace, file = ARGV
-abort "usage: #{$PROGRAM_NAME} MODE SHAPE SERVER [PACE_MS] [FILE]" unless mode && shape && server
+abort "usage: #{$PROGRAM_NAME} [--pin] MODE SHAPE SERVER [PACE_MS] [FILE]" unless mode && shape && server
 kind, close = OobgcMatrix::SERVERS.fetch(server)
 Dir.mktmpdir("memkit-oobgc-cell") do |dir|
   extra = mode == "memkit_plugin" ? "plugin :memkit" : ""
