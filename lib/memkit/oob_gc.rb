@@ -36,6 +36,12 @@ module Memkit
   # the worker's threads are idle and accepts no connection until it
   # returns, so a request that arrives during the GC goes to another worker.
   class OobGC
+    # Requests a Puma worker serves before OobGC looks for Puma's
+    # out_of_band hook (#check_hook). Puma calls the hook whenever the
+    # worker's threads fall idle, which any load but a flood leaves a moment
+    # for within the first requests.
+    HOOK_GRACE = 100
+
     class << self
       # A frozen copy of this process's counters (see Stats).
       def stats = Counters.stats
@@ -57,6 +63,7 @@ module Memkit
       @app = app
       @enabled = enabled
       @collector = Collector.new(**options)
+      @hook_checked = false # whether #check_hook is done
     end
 
     attr_reader :collector
@@ -64,6 +71,7 @@ module Memkit
     def call(env)
       return @app.call(env) unless @enabled
 
+      check_hook(env) unless @hook_checked
       token = @collector.started
       begin
         status, headers, body = @app.call(env)
@@ -84,6 +92,29 @@ module Memkit
       end
       body = AfterReply.register(env, body) { @collector.finished(token) }
       [status, headers, body]
+    end
+
+    private
+
+    # Puma 8 keeps accepting connections while its only thread runs a GC in
+    # rack.after_reply, and those wait the GC out; it stops accepting only
+    # while its out_of_band hook runs (Puma::Server#handle_servers). On
+    # bench/oobgc_p99.rb "tiny", one request per connection, that was p99
+    # 12x no OobGC's without the hook and 0.63x with it (docs/SERVERS.md).
+    # So a Puma process whose hook has not run by its HOOK_GRACE-th request
+    # says so, once. A process forked after it served (fork_worker's
+    # reforks) inherits the answer with the config: Process.pid per request
+    # costs a system call on Ruby 3.1 (1.3 us here, as much as half the
+    # collector's bookkeeping).
+    def check_hook(env)
+      return @hook_checked = true unless env["SERVER_SOFTWARE"].to_s.start_with?("puma ")
+      return @hook_checked = true if Counters.hooked?
+      return if Counters.stats.requests < HOOK_GRACE
+
+      @hook_checked = true
+      @collector.log&.call("memkit: OobGC in pid #{Process.pid} runs GC after the response while Puma " \
+                           "still accepts connections, which then wait for it; add `plugin :memkit` to " \
+                           "config/puma.rb (or `out_of_band { Memkit::OutOfBand.run }`)")
     end
   end
 end

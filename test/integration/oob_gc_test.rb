@@ -537,6 +537,36 @@ class OobGCTest < Minitest::Test
     assert_equal "memkit: OobGC in worker #{Process.pid} cannot keep GC out of requests: #{reason}", lines.first
   end
 
+  # Behind Puma whose out_of_band hook never runs, new connections wait out
+  # the GCs run after the response: the middleware says so once, by the
+  # worker's HOOK_GRACE-th request; not where the hook runs, and not on
+  # other servers.
+  def test_says_once_where_puma_runs_without_its_hook
+    in_fresh_process { says_once_where_puma_runs_without_its_hook }
+  end
+
+  def says_once_where_puma_runs_without_its_hook
+    puma = { "SERVER_SOFTWARE" => "puma 8.0.2 Into the Arena" }
+    grace = Memkit::OobGC::HOOK_GRACE
+    lines = []
+    log = ->(line) { lines << line }
+    serve(Memkit::OobGC.new(SMALL, log: log), grace + 20, hook: :after_reply)
+    assert_empty lines, "not Puma"
+
+    Memkit::OobGC.reset_stats
+    bare = Memkit::OobGC.new(SMALL, log: log)
+    serve(bare, grace, hook: :after_reply, env: puma)
+    assert_empty lines, "within #{grace} requests"
+    serve(bare, 20, hook: :after_reply, env: puma)
+    assert_equal 1, lines.size, lines.inspect
+    assert_match(/\Amemkit: OobGC in pid #{Process.pid} .*add `plugin :memkit` to config\/puma\.rb/, lines.first)
+
+    lines.clear
+    Memkit::OobGC.reset_stats
+    serve(Memkit::OobGC.new(SMALL, log: log), grace + 20, hook: :after_reply, out_of_band: true, env: puma)
+    assert_empty lines, "the hook runs"
+  end
+
   # The collector without Rack, as a job loop would use it.
   def test_collector_between_jobs
     in_fresh_process { collector_between_jobs }
@@ -983,10 +1013,13 @@ class OobGCTest < Minitest::Test
   # Real servers, 2 workers each: after warm-up, every worker ran GCs out of
   # band and at least 90% of its GC runs were outside requests.
   # Puma with `plugin :memkit`: the GCs run in Puma's out_of_band hook.
+  # Puma without it: the GCs run after the response, and each worker says
+  # once in the log that the plugin is missing.
   def test_on_real_unicorn_and_puma
-    %i[unicorn puma].each do |kind|
+    [[:unicorn, ""], [:puma, "plugin :memkit"], [:puma, ""]].each do |kind, extra|
       Dir.mktmpdir("memkit-oobgc") do |dir|
-        server = start_server(kind, APP, dir: dir, port: (@port = free_port), extra: kind == :puma ? "plugin :memkit" : "")
+        server = start_server(kind, APP, dir: dir, port: (@port = free_port), extra: extra)
+        hooked = !extra.empty?
         begin
           # Two clients at once, so that both workers get requests.
           load = -> { both { |c| 100.times { c.get("/") } } }
@@ -1021,8 +1054,11 @@ class OobGCTest < Minitest::Test
             # On Puma the hook takes the GCs the next request could do without
             # (how many depends on the heap; see the in-process test).
             assert_operator s["oob_hook"], :<=, oob, "#{kind}: #{s}"
-            assert_equal 0, s["oob_hook"], "#{kind} has no out_of_band hook: #{s}" if kind == :unicorn
+            assert_equal 0, s["oob_hook"], "#{kind} has no out_of_band hook: #{s}" unless hooked
           end
+          hints = server.log_text.scan(/memkit: OobGC in pid (\d+) runs GC after the response while Puma/).flatten
+          expected = kind == :puma && !hooked ? stats.keys.map(&:to_s).sort : []
+          assert_equal expected, hints.sort, "#{kind} #{extra}: #{server.log_text[-2000..]}"
         ensure
           stop_server(server)
         end
@@ -1080,10 +1116,11 @@ class OobGCTest < Minitest::Test
   # Plays the server: calls the app, then the after-response hook it asked
   # for, then (out_of_band:) Puma's out_of_band hook. Yields whether an
   # out-of-band GC ran after that request, and the response headers.
-  def serve(app, requests, hook:, out_of_band: false)
+  def serve(app, requests, hook:, out_of_band: false, env: {})
+    base = env
     requests.times do
       ran = Memkit::OobGC.stats.oob_total
-      env = {}
+      env = base.dup
       env["rack.after_reply"] = [] if hook == :after_reply
       env["rack.response_finished"] = [] if hook == :response_finished
       status, headers, body = app.call(env)

@@ -85,7 +85,7 @@ module Memkit
         end
       end
 
-      attr_reader :policy, :profile
+      attr_reader :policy, :profile, :log
 
       # headroom: requests' worth of allocation that must remain free before
       #   the next GC for the collector to leave the heap alone (1 = exactly
