@@ -108,7 +108,7 @@ module Memkit
     # collector's bookkeeping).
     def check_hook(env)
       return @hook_checked = true unless env["SERVER_SOFTWARE"].to_s.start_with?("puma ")
-      return @hook_checked = true if Counters.hooked?
+      return @hook_checked = true if OutOfBand.installed? || Counters.hooked?
       return if Counters.stats.requests < HOOK_GRACE
 
       @hook_checked = true

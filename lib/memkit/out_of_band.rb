@@ -16,6 +16,7 @@ module Memkit
     @lock = Mutex.new
     @handlers = {} # name => [order, callable]
     @hook_pid = nil
+    @installed = false
 
     class << self
       def register(name, order: 50, &handler)
@@ -47,6 +48,12 @@ module Memkit
         end
         ran
       end
+
+      # `plugin :memkit` says so when Puma loads its config, in the master:
+      # every worker it forks will run the hook, so OobGC need not wait for
+      # the hook's first run to know (OobGC#check_hook).
+      def installed! = (@installed = true)
+      def installed? = @installed
 
       # Whether the server's hook has run in this process (a forked worker
       # starts with false: the pid the hook ran in is the parent's).

@@ -36,6 +36,21 @@ class OobGCOutOfBandTest < Minitest::Test
     refute OutOfBand.registered?(:first)
   end
 
+  # Set by `plugin :memkit` in Puma's master; its workers inherit it.
+  def test_installed_is_inherited_by_forked_workers
+    reader, writer = IO.pipe
+    pid = fork do
+      before = OutOfBand.installed?
+      OutOfBand.installed!
+      child = fork { writer.write("#{before} #{OutOfBand.installed?}") and exit!(0) }
+      Process.wait(child)
+      exit!(0)
+    end
+    writer.close
+    Process.wait(pid)
+    assert_equal "false true", reader.read
+  end
+
   def test_hooked_only_in_the_process_where_the_hook_ran
     OutOfBand.run
     assert OutOfBand.hooked?

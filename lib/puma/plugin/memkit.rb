@@ -41,6 +41,7 @@ Puma::Plugin.create do
     # What registered itself when the app built its middleware: MemoryLimit's
     # replacement first, then OobGC's collection.
     dsl.out_of_band { Memkit::OutOfBand.run }
+    Memkit::OutOfBand.installed!
     # Memkit::Metrics labels each worker's series with Puma's index, which a
     # replacement worker inherits (Puma 7+ names the hook before_worker_boot).
     boot_hook = dsl.respond_to?(:before_worker_boot) ? :before_worker_boot : :on_worker_boot
