@@ -18,8 +18,9 @@
 # `--slice` seconds paced at ~60% load and as long saturated. The p99 comes
 # from the paced slices' wrk histograms added together, throughput from the
 # saturated slices' requests over their seconds. GC runs, majors inside
-# requests and RSS are the workers' own figures after the warm-up, as in
-# the matrix. The pace is set once, from no OobGC's first saturated slice.
+# requests, CPU time per request and RSS are the workers' own figures after
+# the warm-up, as in the matrix; CPU per request against no OobGC says what
+# the workers paid for a throughput ratio. The pace is set once, from no OobGC's first saturated slice.
 #
 # The workers live through all slices, so later slices see older workers, as
 # a server in production does; a fresh worker's first GCs fall in the first
@@ -37,6 +38,8 @@ module OobgcAB
       o.on("--servers LIST", Array) { |v| opts[:servers] = v }
       o.on("--slices N", Integer) { |v| opts[:slices] = v }
       o.on("--slice S", Integer) { |v| opts[:slice] = v }
+      o.on("--modes LIST", Array, "none,memkit[,memkit_plugin][,probe]") { |v| opts[:modes] = v }
+      o.on("--probe FILE", "mode probe: memkit with FILE required after it") { |v| opts[:probe] = File.expand_path(v) }
       o.on("--pin", "servers on CPU 0, wrk on CPU 1 (OobgcMatrix#pin!)") { opts[:pin] = true }
     end.parse!(argv)
     OobgcMatrix.pin! if opts[:pin]
@@ -49,7 +52,9 @@ module OobgcAB
     opts[:shapes].each do |shape|
       opts[:servers].each do |name|
         kind, close = OobgcMatrix::SERVERS.fetch(name)
-        modes = kind == :puma ? %w[none memkit memkit_plugin] : %w[none memkit]
+        modes = opts[:modes] || (kind == :puma ? %w[none memkit memkit_plugin] : %w[none memkit])
+        modes = modes.reject { |m| m == "memkit_plugin" && kind != :puma }
+        modes |= ["probe"] if opts[:probe]
         result = cell(kind, close, shape, modes, opts)
         none = result.fetch("none")
         modes.each do |mode|
@@ -63,11 +68,13 @@ module OobgcAB
           rows << [name, shape, mode, result[:pace], format("%.1f", r[:p50]), format("%.1f", r[:p99]),
                    format("%.2f", r[:p99] / none[:p99]), format("%.0f", r[:rps]), format("%.2f", r[:rps] / none[:rps]),
                    format("%.3f", r[:gc_per_req]), format("%.2f", r[:gc_per_req] / none[:gc_per_req]),
+                   format("%.3f", r[:cpu_per_req]), format("%.2f", r[:cpu_per_req] / none[:cpu_per_req]),
                    format("%.1f", 100 * r[:out]), r[:majors_inside], format("%.2f", r[:rss] / none[:rss])]
         end
       end
     end
-    puts Memkit::CLI.table(%w[server shape mode pace_ms p50_ms p99_ms p99_x rps rps_x gc/req gc_x out_% majors_in rss_x],
+    puts Memkit::CLI.table(%w[server shape mode pace_ms p50_ms p99_ms p99_x rps rps_x gc/req gc_x
+                              cpu_ms/req cpu_x out_% majors_in rss_x],
                            rows, left: [0, 1, 2])
     n = verdicts[:p99].size
     puts "p99 <= no OobGC's (pooled): #{verdicts[:p99].count(true)} of #{n} memkit cells"
@@ -86,7 +93,9 @@ module OobgcAB
       mode = rest.first
       Dir.mktmpdir("memkit-oobgc-ab") do |dir|
         extra = mode == "memkit_plugin" ? "plugin :memkit" : ""
-        OobgcMatrix.serve(kind, shape, OobgcMatrix.app_source(mode, dir), dir, opts, close, extra: extra) do |url|
+        source = OobgcMatrix.app_source(mode == "probe" ? "memkit" : mode, dir)
+        source = source.sub('require "memkit"', "require \"memkit\"\nrequire #{opts[:probe].inspect}") if mode == "probe"
+        OobgcMatrix.serve(kind, shape, source, dir, opts, close, extra: extra) do |url|
           up[mode] = { url: url, dir: dir }
           boot.call(rest.drop(1))
         end.tap { up[mode][:probes] = OobgcMatrix.probes(dir) }
@@ -129,6 +138,7 @@ module OobgcAB
     { p50: OobgcBenchRunner.percentile(hist, 50), p99: OobgcBenchRunner.percentile(hist, 99),
       rps: saturated.sum / saturated.size, # every slice lasts as long: the pooled rate
       gc_per_req: gcs.fdiv([requests, 1].max),
+      cpu_per_req: probes.sum { |p| p["cpu_ms"].to_f }.fdiv([requests, 1].max),
       out: gcs.zero? ? 1.0 : 1 - probes.sum { |p| p["gc_inside"] }.fdiv(gcs),
       majors_inside: probes.sum { |p| p["gc_inside_major"] },
       rss: probes.sum { |p| p["rss_kb"] }.fdiv([probes.size, 1].max) }
