@@ -53,7 +53,8 @@ module OobgcAB
       opts[:servers].each do |name|
         kind, close = OobgcMatrix::SERVERS.fetch(name)
         modes = opts[:modes] || (kind == :puma ? %w[none memkit memkit_plugin] : %w[none memkit])
-        modes = modes.reject { |m| m == "memkit_plugin" && kind != :puma }
+        # No OobGC is what every ratio is against, and it sets the pace.
+        modes = ["none", *modes].uniq.reject { |m| m == "memkit_plugin" && kind != :puma }
         modes |= ["probe"] if opts[:probe]
         result = cell(kind, close, shape, modes, opts)
         none = result.fetch("none")
