@@ -21,6 +21,10 @@
 # requests, CPU time per request and RSS are the workers' own figures after
 # the warm-up, as in the matrix; CPU per request against no OobGC says what
 # the workers paid for a throughput ratio. The pace is set once, from no OobGC's first saturated slice.
+# rps_xm is the median, over the rounds, of a mode's saturated rate over no
+# OobGC's in the same round: a slice the VM stalls (a third of its rate
+# gone, now and then) moves the pooled rps_x by a few percent, which is the
+# size of the throughput line's margin.
 #
 # The workers live through all slices, so later slices see older workers, as
 # a server in production does; a fresh worker's first GCs fall in the first
@@ -60,26 +64,33 @@ module OobgcAB
         none = result.fetch("none")
         modes.each do |mode|
           r = result.fetch(mode)
+          # One stalled slice moves the pooled rate by a tenth of its drop;
+          # the median of the slices' ratios to no OobGC's slice of the same
+          # round does not move with it.
+          by_slice = median(r[:slice_rps].zip(none[:slice_rps]).map { |m, n| m / n })
           unless mode == "none"
             verdicts[:p99] << (r[:p99] <= none[:p99])
             verdicts[:rps] << (r[:rps] >= 0.95 * none[:rps])
+            verdicts[:rps_slices] << (by_slice >= 0.95)
             verdicts[:out] << (r[:out] >= 0.9)
             verdicts[:rss] << (r[:rss] <= 1.3 * none[:rss])
           end
           rows << [name, shape, mode, result[:pace], format("%.1f", r[:p50]), format("%.1f", r[:p99]),
                    format("%.2f", r[:p99] / none[:p99]), format("%.0f", r[:rps]), format("%.2f", r[:rps] / none[:rps]),
+                   format("%.2f", by_slice),
                    format("%.3f", r[:gc_per_req]), format("%.2f", r[:gc_per_req] / none[:gc_per_req]),
                    format("%.3f", r[:cpu_per_req]), format("%.2f", r[:cpu_per_req] / none[:cpu_per_req]),
                    format("%.1f", 100 * r[:out]), r[:majors_inside], format("%.2f", r[:rss] / none[:rss])]
         end
       end
     end
-    puts Memkit::CLI.table(%w[server shape mode pace_ms p50_ms p99_ms p99_x rps rps_x gc/req gc_x
+    puts Memkit::CLI.table(%w[server shape mode pace_ms p50_ms p99_ms p99_x rps rps_x rps_xm gc/req gc_x
                               cpu_ms/req cpu_x out_% majors_in rss_x],
                            rows, left: [0, 1, 2])
     n = verdicts[:p99].size
     puts "p99 <= no OobGC's (pooled): #{verdicts[:p99].count(true)} of #{n} memkit cells"
-    puts "throughput >= 0.95x no OobGC's (pooled): #{verdicts[:rps].count(true)} of #{n}"
+    puts "throughput >= 0.95x no OobGC's (pooled): #{verdicts[:rps].count(true)} of #{n}; " \
+         "(median of the slices' ratios, rps_xm): #{verdicts[:rps_slices].count(true)} of #{n}"
     puts ">= 90% of GC runs out of requests: #{verdicts[:out].count(true)} of #{n}; " \
          "RSS per worker <= 1.3x no OobGC's: #{verdicts[:rss].count(true)} of #{n}"
   end
@@ -130,6 +141,11 @@ module OobgcAB
     { runs: runs, pace: pace }
   end
 
+  def median(values)
+    sorted = values.sort
+    (sorted[(sorted.size - 1) / 2] + sorted[sorted.size / 2]) / 2.0
+  end
+
   def figures(runs, probes)
     hist = Hash.new(0)
     runs.each { |h, _, _| h.each { |usec, count| hist[usec] += count } }
@@ -138,6 +154,7 @@ module OobgcAB
     requests = probes.sum { |p| p["requests"] }
     { p50: OobgcBenchRunner.percentile(hist, 50), p99: OobgcBenchRunner.percentile(hist, 99),
       rps: saturated.sum / saturated.size, # every slice lasts as long: the pooled rate
+      slice_rps: saturated,
       gc_per_req: gcs.fdiv([requests, 1].max),
       cpu_per_req: probes.sum { |p| p["cpu_ms"].to_f }.fdiv([requests, 1].max),
       out: gcs.zero? ? 1.0 : 1 - probes.sum { |p| p["gc_inside"] }.fdiv(gcs),
