@@ -64,9 +64,6 @@ module OobgcAB
         none = result.fetch("none")
         modes.each do |mode|
           r = result.fetch(mode)
-          # One stalled slice moves the pooled rate by a tenth of its drop;
-          # the median of the slices' ratios to no OobGC's slice of the same
-          # round does not move with it.
           by_slice = median(r[:slice_rps].zip(none[:slice_rps]).map { |m, n| m / n })
           unless mode == "none"
             verdicts[:p99] << (r[:p99] <= none[:p99])
