@@ -64,7 +64,7 @@ module OobgcAB
         none = result.fetch("none")
         modes.each do |mode|
           r = result.fetch(mode)
-          by_slice = median(r[:slice_rps].zip(none[:slice_rps]).map { |m, n| m / n })
+          by_slice = OobgcMatrix.median(r[:slice_rps].zip(none[:slice_rps]).map { |m, n| m / n })
           unless mode == "none"
             verdicts[:p99] << (r[:p99] <= none[:p99])
             verdicts[:rps] << (r[:rps] >= 0.95 * none[:rps])
@@ -136,11 +136,6 @@ module OobgcAB
                                .join(", "))
     end
     { runs: runs, pace: pace }
-  end
-
-  def median(values)
-    sorted = values.sort
-    (sorted[(sorted.size - 1) / 2] + sorted[sorted.size / 2]) / 2.0
   end
 
   def figures(runs, probes)
