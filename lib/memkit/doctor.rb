@@ -76,6 +76,15 @@ module Memkit
 
     def target = @pid || Process.pid
 
+    # The target's threads named as MallocRelease's (the kernel keeps 15 bytes of a name).
+    def memkit_tasks
+      Dir.glob("/proc/#{target}/task/*/comm").count do |comm|
+        File.read(comm).chomp == MallocRelease::THREAD[0, 15]
+      rescue SystemCallError
+        false
+      end
+    end
+
     # kthreadd and its children have no user address space, so their
     # environ, maps and exe read as if the process were gone.
     def raise_if_kernel_thread(pid)
@@ -269,8 +278,13 @@ module Memkit
 
       value = env["MALLOC_ARENA_MAX"]
       # For this process, its Ruby threads: the kernel's count also has the
-      # VM's timer thread (Ruby 3.3+), which is not a server thread.
-      threads = @pid ? Status.read(target).threads : Thread.list.size
+      # VM's timer thread (Ruby 3.3+), which is not a server thread. Neither
+      # is MallocRelease's, which mallocs a few KB.
+      threads = if @pid
+                  Status.read(target).threads - memkit_tasks
+                else
+                  Thread.list.count { |t| t.name != MallocRelease::THREAD }
+                end
       glibc = allocator.value == "glibc"
       if !glibc
         check("MALLOC_ARENA_MAX", value, :ok, "not glibc malloc: MALLOC_ARENA_MAX does not apply")

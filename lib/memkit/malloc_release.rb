@@ -29,20 +29,34 @@ module Memkit
   # again between two majors does the same at majors: Pacing spaces the
   # trims out while what they give back comes back.
   #
-  # How, with no C and no server hook: an object with a finalizer, allocated
-  # and dropped, is freed by the next GC, and Ruby then runs its finalizer;
-  # that finalizer arms the next one. Where no malloc_trim exists (musl,
-  # jemalloc preloaded: Libc.malloc_trim? false), start does nothing.
+  # How, with no C and no server hook: a thread in each process looks at
+  # GC.stat(:major_gc_count) every INTERVAL seconds and trims when it moved,
+  # and Memkit::OobGC looks right after its own GC, so that there the trim
+  # runs between requests. Children forked later get their own thread
+  # (Process._fork). A finalizer chain would trim sooner, but runs this
+  # code (a file read, a call that lets go of the GVL) in Ruby's finalizer
+  # context at any point of any thread; Ruby 3.4.11 crashed there (a
+  # segfault at a method call's cache, after Process.warmup had compacted),
+  # 1 in 5 test runs. Where no malloc_trim exists (musl, jemalloc
+  # preloaded: Libc.malloc_trim? false), start does nothing.
   module MallocRelease
+    # Seconds between two looks: majors come seconds to minutes apart, and
+    # Pacing spaces the trims further where their memory comes back.
+    INTERVAL = 1.0
+    # Its thread's name, also the kernel's (first 15 bytes) for memkit doctor.
+    THREAD = "memkit malloc release"
+
     @started = false
-    @armed = false # a watched object is waiting for a GC
-    @at_exit = false
     @majors = 0
     @releases = 0
     @put_off = 0
     @pacing = nil
     @pacing_pid = nil
+    @watcher = nil
+    @watcher_pid = nil
+    @hooked = false
     @lock = Mutex.new
+    @checking = Mutex.new
 
     class << self
       # Starts watching, once per process (children forked later inherit
@@ -52,19 +66,19 @@ module Memkit
 
         @lock.synchronize do
           unless @started
-            @started = true
             @majors = GC.stat(:major_gc_count)
-            # Ruby runs every pending finalizer at exit, and repeats while
-            # new ones appear: the chain must stop before then.
-            at_exit { @started = false } unless @at_exit
-            @at_exit = true
-            arm unless @armed
+            @started = true
           end
+          unless @hooked
+            Process.singleton_class.prepend(ForkHook)
+            @hooked = true
+          end
+          watch
         end
         true
       end
 
-      # Stops at the next GC (a start before then goes on with the same chain).
+      # Stops at the next look (a start before then goes on with the same thread).
       def stop
         @started = false
       end
@@ -79,24 +93,39 @@ module Memkit
       # ran (majors: GC.stat(:major_gc_count) now, last: at the last trim).
       def due?(majors, last) = majors != last
 
-      # Run by the finalizer after a GC.
-      def gc_ran
-        @armed = false
-        return unless @started
-
-        arm
+      # Trims if a major GC ran since the last look; true if it trimmed. Run
+      # by the thread, and by OobGC after its out-of-band GC. Several majors
+      # between two looks count as one.
+      def check
+        return false unless @started
         # Under GC.stress every allocation runs a major: trimming, and reading
         # the RSS (which allocates, so runs more majors), at each would stall
         # the stress run (test/unit/fiber_pool_test.rb ran for minutes).
-        return if GC.stress
+        return false if GC.stress
+        return false unless @checking.try_lock
 
+        begin
+          trim_if_due
+        ensure
+          @checking.unlock
+        end
+      end
+
+      # In a child just forked: the parent's thread did not come along.
+      def after_fork
+        @lock.synchronize { watch } if @started
+      end
+
+      private
+
+      def trim_if_due
         majors = GC.stat(:major_gc_count)
-        return unless due?(majors, @majors)
+        return false unless due?(majors, @majors)
 
         @majors = majors
         unless pacing.trim?
           @put_off += 1
-          return
+          return false
         end
 
         finish_sweep
@@ -104,9 +133,32 @@ module Memkit
         Libc.malloc_trim
         pacing.trimmed(before, rss)
         @releases += 1
+        true
       end
 
-      private
+      # One thread per process; it ends at the first look after stop.
+      def watch
+        return if @watcher_pid == Process.pid && @watcher&.alive?
+
+        @watcher_pid = Process.pid
+        @watcher = Thread.new do
+          loop do
+            sleep INTERVAL
+            break unless watching?
+
+            check
+          end
+        end
+        @watcher.name = THREAD
+      end
+
+      # Under the lock, so that a start racing the thread's end makes a new one.
+      def watching?
+        @lock.synchronize do
+          @watcher = nil unless @started
+          @started
+        end
+      end
 
       # This process's own: a child's RSS says nothing of its parent's trims.
       def pacing
@@ -124,11 +176,6 @@ module Memkit
         nil
       end
 
-      def arm
-        @armed = true
-        ObjectSpace.define_finalizer(Object.new, FINALIZER)
-      end
-
       # A lazily swept GC frees the rest of its garbage as later allocations
       # sweep on: GCRest finishes the sweep first, so the trim
       # sees all of it.
@@ -139,9 +186,20 @@ module Memkit
       end
     end
 
-    # Built once, outside any method holding the object it watches, so the
-    # finalizer does not keep that object alive.
-    FINALIZER = proc { MallocRelease.gc_ran }
-    private_constant :FINALIZER
+    # Prepended to Process's singleton class: Process._fork (Ruby 3.1+) is
+    # what every fork path calls, except Process.daemon where libc's
+    # daemon(3) serves it (Ruby 3.1-3.3 on Linux).
+    module ForkHook
+      def _fork
+        pid = super
+        MallocRelease.after_fork if pid.zero?
+        pid
+      end
+
+      def daemon(*args, **kwargs)
+        super.tap { MallocRelease.after_fork }
+      end
+    end
+    private_constant :ForkHook
   end
 end

@@ -274,6 +274,27 @@ class DoctorTest < Minitest::Test
     assert_equal "quiet", out
   end
 
+  # A worker with one thread of its own, and memkit's: one thread, as far
+  # as glibc's arenas go; a thread of the app's own counts.
+  def test_memkit_does_not_count_its_malloc_release_thread
+    skip "no malloc_trim in this process" unless Memkit::Libc.malloc_trim?
+    skip "MALLOC_ARENA_MAX is set for the tests" if ENV["MALLOC_ARENA_MAX"]
+
+    # A pid's count may add Ruby 3.3+'s timer thread, there with either.
+    remote = ["Memkit::MallocRelease.start", "Thread.new { sleep }"].map do |extra|
+      code = "require 'memkit'; #{extra}; puts :ready; $stdout.flush; sleep"
+      Open3.popen2({ "MALLOC_ARENA_MAX" => nil }, RbConfig.ruby, "-I#{ROOT}/lib", "-e", code) do |stdin, out, wait|
+        stdin.close
+        out.gets
+        threads(Memkit::Doctor.new(pid: wait.pid, probe: false)["MALLOC_ARENA_MAX"].advice)
+      ensure
+        Process.kill(:KILL, wait.pid)
+      end
+    end
+    assert_equal remote[1] - 1, remote[0], "memkit's thread against one of the app's"
+    assert_equal 1, threads(own_advice_with_malloc_release), "this process's own count"
+  end
+
   def test_without_a_pid_memkit_does_not_count_its_probes_threads
     out, err, status = Open3.capture3({ "MALLOC_ARENA_MAX" => nil }, RbConfig.ruby, Memkit::TestHelpers::EXE,
                                       "doctor", "--json")
@@ -281,5 +302,26 @@ class DoctorTest < Minitest::Test
     check = JSON.parse(out).fetch("checks").find { |c| c["name"] == "MALLOC_ARENA_MAX" }
     refute_equal "warn", check.fetch("status"), check.fetch("advice")
     assert_match(/one thread/, check.fetch("advice"))
+  end
+
+  private
+
+  def threads(advice) = advice[/one thread/] ? 1 : Integer(advice[/with (\d+) threads/, 1])
+
+  # The advice in a child of this process that started MallocRelease.
+  def own_advice_with_malloc_release
+    r, w = IO.pipe
+    pid = fork do
+      r.close
+      Memkit::MallocRelease.start
+      w.write(Memkit::Doctor.new(probe: false)["MALLOC_ARENA_MAX"].advice)
+      exit!(0)
+    end
+    w.close
+    advice = r.read
+    Process.wait(pid)
+    advice
+  ensure
+    r&.close
   end
 end

@@ -16,18 +16,14 @@ class MallocReleaseTest < Minitest::Test
   end
 
   # Minor GCs run every few requests: trimming there would hand the same
-  # pages back and forth, so only a major starts a trim. In a fresh process:
-  # in a child of the test process, a finalizer the parent left pending
-  # (armed before its last major) ran late and counted a trim among the
-  # minors (ruby33 lane: 2 trims for 1 major).
+  # pages back and forth, so only a major starts a trim.
   def test_minor_gcs_do_not_trim
     skip "no malloc_trim in this process" unless Memkit::Libc.malloc_trim?
 
     in_fresh_process { minor_gcs_do_not_trim }
   end
 
-  # Ruby runs every pending finalizer at exit, again and again while new
-  # ones appear: the chain stops there, and the process exits.
+  # Its thread sleeps between looks and does not hold the process up.
   def test_a_process_that_started_it_exits
     skip "no malloc_trim in this process" unless Memkit::Libc.malloc_trim?
 
@@ -58,28 +54,44 @@ class MallocReleaseTest < Minitest::Test
   def test_gc_stress_runs_no_trims
     skip "no malloc_trim in this process" unless Memkit::Libc.malloc_trim?
 
-    in_fresh_process do
+    looks = in_child do
       Memkit::MallocRelease.start
-      pid = fork do
-        GC.start
-        wait_for { Memkit::MallocRelease.releases >= 1 }
-        before = Memkit::MallocRelease.releases
-        GC.stress = true
-        Array.new(20) { |i| "s#{i}" }
-        GC.stress = false
-        # The first GC after the stress may trim once for the majors it ran.
-        exit!(Memkit::MallocRelease.releases - before <= 1 ? 0 : 1)
-      end
-      status = nil
-      begin
-        wait_until(timeout: 30, interval: 0.1, message: "20 allocations under GC.stress") do
-          status = Process.wait2(pid, Process::WNOHANG)&.last
-        end
-      ensure
-        Process.kill(:KILL, pid) && Process.wait(pid) unless status
-      end
-      assert_predicate status, :success?, "more than one trim under GC.stress"
+      GC.start
+      before = handled
+      GC.stress = true
+      under_stress = Array.new(3) { Memkit::MallocRelease.check }
+      during = handled - before
+      GC.stress = false
+      Memkit::MallocRelease.check
+      [under_stress, during, handled - before]
     end
+    # The majors the stress ran count once, at the first look after it.
+    assert_equal [[false, false, false], 0, 1], looks
+  end
+
+  # A child forked after start, by fork or by Process.daemon, gets its own
+  # thread; stop ends it at its next look.
+  def test_each_process_has_its_thread_until_stopped
+    skip "no malloc_trim in this process" unless Memkit::Libc.malloc_trim?
+
+    threads = in_child do
+      Memkit::MallocRelease.start
+      forked = in_child { watchers }
+      r, w = IO.pipe
+      pid = fork do
+        r.close
+        Process.daemon(true, true)
+        w.write(watchers)
+        exit!(0)
+      end
+      w.close
+      Process.wait(pid)
+      daemon = Timeout.timeout(30) { r.read }.to_i
+      Memkit::MallocRelease.stop
+      wait_for { watchers.zero? }
+      { forked: forked, daemon: daemon, stopped: watchers }
+    end
+    assert_equal({ forked: 1, daemon: 1, stopped: 0 }, threads)
   end
 
   def test_start_says_false_where_glibc_has_no_malloc_trim
@@ -107,18 +119,16 @@ class MallocReleaseTest < Minitest::Test
   def minor_gcs_do_not_trim
     Memkit::MallocRelease.start
     GC.start
-    # The major's release runs at Ruby's next interrupt check: counted
-    # before the minors, not among them.
+    # The thread's look trims after the major, before the minors.
     wait_for { Memkit::MallocRelease.releases >= 1 }
     majors = GC.stat(:major_gc_count)
     before = Memkit::MallocRelease.releases
     5.times do
       Array.new(20_000) { "y" * 100 }
       GC.start(full_mark: false)
-      sleep 0.01
+      Memkit::MallocRelease.check
     end
-    # A major Ruby ran among them is trimmed after it, at the next check.
-    wait_for { Memkit::MallocRelease.releases - before >= GC.stat(:major_gc_count) - majors }
+    # A major Ruby ran among them is trimmed at the look after it.
     result = { releases: Memkit::MallocRelease.releases - before, majors: GC.stat(:major_gc_count) - majors }
     assert_equal result[:majors], result[:releases], result.inspect
   end
@@ -139,21 +149,26 @@ class MallocReleaseTest < Minitest::Test
       garbage = nil # rubocop:disable Lint/UselessAssignment -- dropped for the GC
       GC.enable
       GC.start
-      sleep 0.01
+      Memkit::MallocRelease.check
     end
     churned = { releases: Memkit::MallocRelease.releases - releases, put_off: Memkit::MallocRelease.put_off - put_off,
                 majors: GC.stat(:major_gc_count) - majors }
-    # Two majors before Ruby runs the finalizer count once.
+    # Two majors between two looks count once.
     assert_operator churned[:put_off], :>=, 4, churned.inspect
     assert_operator churned[:releases], :<=, churned[:majors] - churned[:put_off], churned.inspect
     # Nothing malloc'd again: the next trim runs, and the one after.
     quiet = Memkit::MallocRelease.releases
     30.times do
       GC.start
-      sleep 0.01
+      Memkit::MallocRelease.check
     end
     assert_operator Memkit::MallocRelease.releases - quiet, :>=, 10, "trims after the churn ended"
   end
+
+  # Majors trimmed or put off (Pacing).
+  def handled = Memkit::MallocRelease.releases + Memkit::MallocRelease.put_off
+
+  def watchers = Thread.list.count { |t| t.name == Memkit::MallocRelease::THREAD }
 
   def wait_for(seconds = 5)
     deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
@@ -180,8 +195,9 @@ class MallocReleaseTest < Minitest::Test
         bufs = nil
         high = Memkit.rss
         pages = GC.stat(:heap_allocated_pages)
+        before = Memkit::MallocRelease.releases
         GC.start
-        sleep 0.01 # Ruby runs finalizers at its next interrupt check
+        wait_for { Memkit::MallocRelease.releases > before } if start # the thread's next look
         # The GC also frees empty object pages, as many as the heap this
         # process inherited had spare: not what glibc keeps or gives back.
         freed_pages = (pages - GC.stat(:heap_allocated_pages)) * GC::INTERNAL_CONSTANTS.fetch(:HEAP_PAGE_SIZE)

@@ -3,6 +3,7 @@
 require "monitor"
 require_relative "../errors"
 require_relative "../gc_rest"
+require_relative "../malloc_release"
 require_relative "profile"
 require_relative "policy"
 require_relative "counters"
@@ -495,6 +496,9 @@ module Memkit
         Counters.record(kind == :major, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
         @policy.collected(kind, self.class.reading)
         @dry&.take_dried(@profile)
+        # Its trim after a major, here between requests rather than at its
+        # thread's next look, which may fall inside one.
+        MallocRelease.check
       end
 
       # Ruby finishes the last GC's lazy sweep before it starts the next, and
