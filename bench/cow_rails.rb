@@ -153,8 +153,9 @@ module CowRails
   end
 
   # A full GC in every worker: /gc holds its worker for `hold` seconds, so
-  # concurrent calls reach distinct workers. Returns the pids that ran it.
-  def gc_all(server, hold: 1.0, timeout: 120)
+  # concurrent calls reach distinct workers, and MallocRelease's thread (a
+  # look a second) has trimmed after it. Returns the pids that ran it.
+  def gc_all(server, hold: 1.5, timeout: 120)
     seen = {}
     deadline = now + timeout
     loop do

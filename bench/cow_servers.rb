@@ -137,8 +137,9 @@ module CowServers
   end
 
   # /gc holds its worker for `hold` seconds after its GC, so concurrent
-  # calls land on distinct workers; repeats until every worker has run one.
-  def gc_all(server, hold: 1.0, timeout: 120, trim: false)
+  # calls land on distinct workers, and MallocRelease's thread (a look a
+  # second) has trimmed after it; repeats until every worker has run one.
+  def gc_all(server, hold: 1.5, timeout: 120, trim: false)
     want = worker_pids(server)
     seen = {}
     deadline = now + timeout

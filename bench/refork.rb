@@ -111,7 +111,7 @@ module ReforkBench
     until seen.size >= workers
       raise "not every worker ran /gc: #{seen.keys}" if now > deadline
 
-      Array.new(workers) { Thread.new { get(server[:port], "/gc?hold=1") } }.each do |t|
+      Array.new(workers) { Thread.new { get(server[:port], "/gc?hold=1.5") } }.each do |t|
         pid = t.value.to_s[/\Apid=(\d+)/, 1]
         seen[pid.to_i] = true if pid
       end

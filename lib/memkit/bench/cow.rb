@@ -266,6 +266,7 @@ module Memkit
             @requests.times { CowApp.call(env) }
           end
           GC.start(full_mark: true, immediate_sweep: true)
+          sleep 1.5 # in every mode: MallocRelease's thread looks once a second
           ready_w.write("r")
           ready_w.close
           sleep
