@@ -19,11 +19,11 @@ module Memkit
   # the app shape"; with this running, "malloc release"). Ruby calls
   # malloc_trim only in Process.warmup.
   #
-  # When: after a major GC, once its sweep is done: the point where the most
-  # has just been freed, and rare enough that the trim (about 0.1 ms per MB
-  # given back) and the page faults that hand the memory to the next
-  # requests (about 0.17 ms per MB; bench/malloc_release_cost.rb) cost
-  # little: 0.97x the requests per second on the app shape. A minor GC
+  # When: within a second of a major GC, once its sweep is done: the most
+  # has just been freed, and majors are rare enough that the trim (about
+  # 0.1 ms per MB given back) and the page faults that hand the memory to
+  # the next requests (about 0.17 ms per MB; bench/malloc_release_cost.rb)
+  # cost little: 0.97x the requests per second on the app shape. A minor GC
   # frees as much garbage, but runs every few requests: trimming there
   # would trade the same pages back and forth. An app that mallocs as much
   # again between two majors does the same at majors: Pacing spaces the
@@ -36,8 +36,8 @@ module Memkit
   # (Process._fork). A finalizer chain would trim sooner, but runs this
   # code (a file read, a call that lets go of the GVL) in Ruby's finalizer
   # context at any point of any thread; Ruby 3.4.11 crashed there (a
-  # segfault at a method call's cache, after Process.warmup had compacted),
-  # 1 in 5 test runs. Where no malloc_trim exists (musl, jemalloc
+  # segfault at a method call's cache, after Process.warmup had compacted)
+  # in 1 of 5 runs of the test suite here. Where no malloc_trim exists (musl, jemalloc
   # preloaded: Libc.malloc_trim? false), start does nothing.
   module MallocRelease
     # Seconds between two looks: majors come seconds to minutes apart, and
