@@ -89,10 +89,6 @@ module Memkit
       # forked child starts from its parent's counts).
       attr_reader :releases, :put_off
 
-      # Whether a GC that ran since the last check calls for a trim: a major
-      # ran (majors: GC.stat(:major_gc_count) now, last: at the last trim).
-      def due?(majors, last) = majors != last
-
       # Trims if a major GC ran since the last look; true if it trimmed. Run
       # by the thread, and by OobGC after its out-of-band GC. Several majors
       # between two looks count as one.
@@ -120,7 +116,7 @@ module Memkit
 
       def trim_if_due
         majors = GC.stat(:major_gc_count)
-        return false unless due?(majors, @majors)
+        return false if majors == @majors
 
         @majors = majors
         unless pacing.trim?
