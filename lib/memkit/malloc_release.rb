@@ -54,7 +54,6 @@ module Memkit
     @pacing_pid = nil
     @watcher = nil
     @watcher_pid = nil
-    @hooked = false
     @lock = Mutex.new
     @checking = Mutex.new
 
@@ -68,10 +67,6 @@ module Memkit
           unless @started
             @majors = GC.stat(:major_gc_count)
             @started = true
-          end
-          unless @hooked
-            Process.singleton_class.prepend(ForkHook)
-            @hooked = true
           end
           watch
         end
@@ -184,7 +179,9 @@ module Memkit
 
     # Prepended to Process's singleton class: Process._fork (Ruby 3.1+) is
     # what every fork path calls, except Process.daemon where libc's
-    # daemon(3) serves it (Ruby 3.1-3.3 on Linux).
+    # daemon(3) serves it (Ruby 3.1-3.3 on Linux). At load, not at start:
+    # memkit/fork starts the release inside its own _fork hook, and a hook
+    # prepended then would miss that first fork's child.
     module ForkHook
       def _fork
         pid = super
@@ -197,5 +194,6 @@ module Memkit
       end
     end
     private_constant :ForkHook
+    Process.singleton_class.prepend(ForkHook)
   end
 end

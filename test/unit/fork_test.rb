@@ -188,17 +188,32 @@ class ForkTest < Minitest::Test
     assert_match(/broken heap/, err)
   end
 
+  # memkit/fork starts the malloc release inside its own _fork hook; the
+  # first child must still get the release's thread.
+  def test_the_first_child_gets_the_malloc_release_thread
+    skip "no malloc_trim in this process" unless Memkit::Libc.malloc_trim?
+
+    lines, err, status = run_script(<<~RUBY)
+      pid = fork { say(threads: Thread.list.map(&:name)) }
+      Process.wait(pid)
+    RUBY
+    assert status.success?, err
+    assert_equal [{ threads: [nil, Memkit::MallocRelease::THREAD] }], lines
+  end
+
   def test_fork_from_a_thread_while_others_run
     lines, err, status = run_script(<<~RUBY)
       busy = Thread.new { loop { Array.new(100) { +"garbage" } ; Thread.pass } }
-      pid = Thread.new { fork { say(child: report_line, threads: Thread.list.size) } }.value
+      pid = Thread.new do
+        fork { say(child: report_line, threads: Thread.list.map(&:name) - [Memkit::MallocRelease::THREAD]) }
+      end.value
       Process.wait(pid)
       say(status: $?.exitstatus, busy_alive: busy.alive?)
       busy.kill
     RUBY
     assert status.success?, err
     assert_prepared JSON.parse(lines[0][:child], symbolize_names: true)
-    assert_equal 1, lines[0][:threads]
+    assert_equal [nil], lines[0][:threads], "the forking thread, and memkit's own"
     assert_equal({ status: 0, busy_alive: true }, lines[1])
   end
 
