@@ -279,7 +279,7 @@ module Memkit
       value = env["MALLOC_ARENA_MAX"]
       # For this process, its Ruby threads: the kernel's count also has the
       # VM's timer thread (Ruby 3.3+), which is not a server thread. Neither
-      # is MallocRelease's, which mallocs a few KB.
+      # is MallocRelease's, which between trims only reads counters.
       threads = if @pid
                   Status.read(target).threads - memkit_tasks
                 else
