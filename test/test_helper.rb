@@ -73,6 +73,14 @@ module Memkit
     def linux?
       File.exist?("/proc/self/smaps_rollup")
     end
+
+    # A test that warms the heap in this process starts MallocRelease, whose
+    # thread trims at any moment and starts again in every child forked
+    # here: later tests that measure memory would measure it too.
+    def after_teardown
+      Memkit::MallocRelease.stop if Memkit::MallocRelease.started?
+      super
+    end
   end
 end
 

@@ -85,21 +85,17 @@ module Memkit
       attr_reader :releases, :put_off
 
       # Trims if a major GC ran since the last look; true if it trimmed. Run
-      # by the thread, and by OobGC after its out-of-band GC. Several majors
-      # between two looks count as one.
+      # by the thread, and by OobGC after its out-of-band GC (which waits
+      # out a trim the thread has under way, so that each major is looked
+      # at once). Several majors between two looks count as one.
       def check
         return false unless @started
         # Under GC.stress every allocation runs a major: trimming, and reading
         # the RSS (which allocates, so runs more majors), at each would stall
         # the stress run (test/unit/fiber_pool_test.rb ran for minutes).
         return false if GC.stress
-        return false unless @checking.try_lock
 
-        begin
-          trim_if_due
-        ensure
-          @checking.unlock
-        end
+        @checking.synchronize { trim_if_due }
       end
 
       # In a child just forked: the parent's thread did not come along.
