@@ -26,6 +26,11 @@
 # gone, now and then) moves the pooled rps_x by a few percent, which is the
 # size of the throughput line's margin.
 #
+# none_again (in --modes) boots a second server without OobGC, driven like
+# the others: how far two identical servers land apart in the same run (the
+# A/A spread), which a memkit cell's ratio has to be read against. Its rows
+# are not counted in the lines.
+#
 # The workers live through all slices, so later slices see older workers, as
 # a server in production does; a fresh worker's first GCs fall in the first
 # slices.
@@ -42,7 +47,7 @@ module OobgcAB
       o.on("--servers LIST", Array) { |v| opts[:servers] = v }
       o.on("--slices N", Integer) { |v| opts[:slices] = v }
       o.on("--slice S", Integer) { |v| opts[:slice] = v }
-      o.on("--modes LIST", Array, "none,memkit[,memkit_plugin][,probe]") { |v| opts[:modes] = v }
+      o.on("--modes LIST", Array, "none,memkit[,memkit_plugin][,probe][,none_again]") { |v| opts[:modes] = v }
       o.on("--probe FILE", "mode probe: memkit with FILE required after it") { |v| opts[:probe] = File.expand_path(v) }
       o.on("--pin", "servers on CPU 0, wrk on CPU 1 (OobgcMatrix#pin!)") { opts[:pin] = true }
     end.parse!(argv)
@@ -65,7 +70,9 @@ module OobgcAB
         modes.each do |mode|
           r = result.fetch(mode)
           by_slice = OobgcMatrix.median(r[:slice_rps].zip(none[:slice_rps]).map { |m, n| m / n })
-          unless mode == "none"
+          if mode == "none_again"
+            verdicts[:aa] << [r[:p99] / none[:p99], r[:rps] / none[:rps], by_slice]
+          elsif mode != "none"
             verdicts[:p99] << (r[:p99] <= none[:p99])
             verdicts[:rps] << (r[:rps] >= 0.95 * none[:rps])
             verdicts[:rps_slices] << (by_slice >= 0.95)
@@ -90,7 +97,13 @@ module OobgcAB
          "(median of the slices' ratios, rps_xm): #{verdicts[:rps_slices].count(true)} of #{n}"
     puts ">= 90% of GC runs out of requests: #{verdicts[:out].count(true)} of #{n}; " \
          "RSS per worker <= 1.3x no OobGC's: #{verdicts[:rss].count(true)} of #{n}"
+    return if verdicts[:aa].empty?
+
+    p99s, rps, rps_m = verdicts[:aa].transpose
+    puts "A/A (none_again against none): p99_x #{spread(p99s)}, rps_x #{spread(rps)}, rps_xm #{spread(rps_m)}"
   end
+
+  def spread(ratios) = format("%.2f-%.2f", ratios.min, ratios.max)
 
   # Boots one server per mode (nested, so all are up at once), then runs the
   # slices. Returns {mode => figures} and :pace.
@@ -102,7 +115,7 @@ module OobgcAB
       mode = rest.first
       Dir.mktmpdir("memkit-oobgc-ab") do |dir|
         extra = mode == "memkit_plugin" ? "plugin :memkit" : ""
-        source = OobgcMatrix.app_source(mode == "probe" ? "memkit" : mode, dir)
+        source = OobgcMatrix.app_source({ "probe" => "memkit", "none_again" => "none" }.fetch(mode, mode), dir)
         source = source.sub('require "memkit"', "require \"memkit\"\nrequire #{opts[:probe].inspect}") if mode == "probe"
         OobgcMatrix.serve(kind, shape, source, dir, opts, close, extra: extra) do |url|
           up[mode] = { url: url, dir: dir }
