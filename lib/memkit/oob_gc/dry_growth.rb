@@ -305,9 +305,16 @@ module Memkit
 
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         GCRest.finish
+        count = GC.count
         reading = Collector.reading
         lazy = @policy.reads_sweep?(reading, :minor, apart)
         @policy.collecting(reading, :minor)
+        # The reading and the policy allocate (GC.stat's Hashes), in pools
+        # the growth may have left at their last free slots: where that
+        # started a GC of Ruby's own, the fillers are freed, and a second GC
+        # right after would free next to nothing.
+        return false unless GC.count == count
+
         GC.start(full_mark: false, immediate_sweep: !lazy)
         Counters.record(false, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
         @policy.collected(:minor, Collector.reading)
