@@ -521,8 +521,8 @@ class OobGCPolicyTest < Minitest::Test
     policy.observe(at.(10_000_000, 700_000))
     assert_nil policy.decide(at.(10_000_000, 700_000), req)
     policy.collected(:minor, at.(40_000_000, 700_000, heap_marked_slots: 1_030_000, count: 20))
-    assert_equal :major, policy.decide(at.(41_000_000, 700_000, need_major_by: :nofree, count: 20, old_objects: 30_000), req),
-                 "no major seen yet: 20,000 promoted since the first reading, the pools lack 10,000 of Ruby's minimum"
+    assert_equal :major, policy.decide(at.(41_000_000, 700_000, need_major_by: :nofree, count: 20), req),
+                 "no major seen yet: Ruby's call"
     policy.collecting(at.(41_000_000, 700_000, count: 20), :major)
     policy.collected(:major, at.(41_000_000, 700_000, heap_marked_slots: 1_031_000, count: 21))
 
@@ -612,36 +612,7 @@ class OobGCPolicyTest < Minitest::Test
   def test_no_full_mark_learns_nothing_from_a_major_before_the_profile_settled
     young = profile([10_000, 2_000], requests: 20)
     policy = no_full_mark_after_major(young, marked_before: 1_230_000, marked_after: 1_230_000)
-    refute policy.major_asked?(allocated_by(40_000_000, need_major_by: :nofree, count: 30)),
-           "nothing promoted since that major"
-    assert policy.major_asked?(allocated_by(40_000_000, need_major_by: :nofree, count: 31, old_objects: 290_000)),
-           "no rate learned: the objects promoted since could free what the pools lack of Ruby's minimum"
-  end
-
-  # Recorded on Ruby 3.4, "tiny" shape on Unicorn: a fresh worker's heap
-  # is its master's, live, and Ruby asks for a `:nofree` major at about its
-  # 207th request, which took 478 ms of GC over 1M live objects (in both
-  # workers at once). Before any major gave a garbage rate, the major runs
-  # only once the objects promoted since the first reading could free what
-  # the pools lack of Ruby's free minimum (20% of their slots; 100,000 and
-  # 10,000 slots here): less, and Ruby grows the heap after it anyway.
-  def test_no_full_mark_turns_down_a_fresh_workers_nofree_major_until_enough_was_promoted
-    policy = Policy::NoFullMark.new
-    req = profile([1_200, 300], requests: 40)
-    at = lambda do |old, count, need = :nofree|
-      pooled([[1_000_000, 900_000], [400_000, 330_000]], old_objects: old, count: count, need_major_by: need,
-                                                          total_allocated_objects: 10_000_000)
-    end
-    policy.observe(at.(1_000_000, 3, nil))
-    refute policy.major_asked?(at.(1_001_200, 5)), "a request's objects promoted"
-    assert policy.declined?(:nofree, 5)
-    refute policy.major_asked?(at.(1_109_999, 6)), "just short of 110,000"
-    assert policy.major_asked?(at.(1_110_000, 7)), "110,000 promoted: what the pools lack"
-    assert policy.major_asked?(at.(1_001_200, 8, :oldgen)), "Ruby's other reasons run"
-    policy.collecting(at.(1_110_000, 8), :major)
-    policy.collected(:major, at.(1_100_000, 9, nil))
-    refute policy.major_asked?(at.(1_200_000, 12)), "counted from the old objects that major left"
-    assert policy.major_asked?(at.(1_210_000, 13))
+    assert policy.major_asked?(allocated_by(40_000_000, need_major_by: :nofree, count: 30))
   end
 
   # Two pools (900,000 and 330,000 live) with `allocated` objects allocated so far.
@@ -915,8 +886,8 @@ class OobGCPolicyTest < Minitest::Test
     policy = Policy::NoFullMark.new(valve_ratio: 2.0)
     policy.collected(:major, pooled([[100_000, 50_000]], available: 100_000))
     policy.collected(:grown, pooled([[180_000, 50_000]], available: 180_000))
-    refute policy.valve?(pooled([[300_000, 250_000]], available: 300_000, need_major_by: :oldgen))
-    assert policy.valve?(pooled([[360_001, 250_000]], available: 360_001, need_major_by: :oldgen))
+    refute policy.valve?(pooled([[300_000, 250_000]], available: 300_000, need_major_by: :nofree))
+    assert policy.valve?(pooled([[360_001, 250_000]], available: 360_001, need_major_by: :nofree))
   end
 
   # The issue's case: a fresh worker whose heap is smaller than what one

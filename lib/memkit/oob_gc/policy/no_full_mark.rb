@@ -47,7 +47,6 @@ module Memkit
           @allocated_at_major = nil # #allocated as the latest major started
           @aside = 0 # objects the collector allocated itself (#allocated_aside)
           @garbage_rate = nil # old garbage a major found, per object allocated since the one before
-          @old_at_major = nil # old objects as the latest major ended, or at the first reading
           @declined_at = nil # GC count at which a :nofree major was turned down
           @settled = false # whether the request profile had settled at a #decide
           @swept_free = nil # [GC count, free slots per pool] after the latest GC (#kept_back)
@@ -106,9 +105,8 @@ module Memkit
           stat = reading.fetch(:stat)
           if kind == :minor
             @marked_after_minor = stat.fetch(:heap_marked_slots)
-          elsif kind == :major
-            @old_at_major = stat.fetch(:old_objects)
-            found_garbage(stat) if @major_from
+          elsif kind == :major && @major_from
+            found_garbage(stat)
           end
         end
 
@@ -131,7 +129,6 @@ module Memkit
 
         def observe(reading, allocated_before: nil)
           @baseline ||= available(reading)
-          @old_at_major ||= reading.fetch(:stat).fetch(:old_objects)
           @allocated_at_major ||= allocated(reading)
           # After a GC of Ruby's own (inside a request, or for malloc'd bytes),
           # #kept_back counts from the first reading since.
@@ -153,7 +150,7 @@ module Memkit
         # always run, and give the estimate again.
         def major_asked?(reading)
           need = reading.fetch(:info)[:need_major_by] or return false
-          return true unless need == :nofree
+          return true unless need == :nofree && @garbage_rate
 
           count = reading.fetch(:stat).fetch(:count)
           return false if @declined_at == count
@@ -467,36 +464,12 @@ module Memkit
 
         # Whether the old garbage expected by now (#found_garbage's rate)
         # would hold one request: a major that frees less does not put off
-        # the next GC by one request. Before any major gave a rate, see
-        # #may_free_minimum?.
+        # the next GC by one request.
         def worth_major?(reading)
-          return may_free_minimum?(reading) unless @garbage_rate
           return true unless @objects
 
           expected = @garbage_rate * (allocated(reading) - @allocated_at_major)
           expected >= [@objects.sum, 1].max
-        end
-
-        # Before any major gave a rate: whether the objects promoted since
-        # the heap was last marked in full (or since the first reading) come
-        # to the slots the pools lack of Ruby's free minimum. Old objects a
-        # major can free beyond a minor are those, and the older ones that
-        # died since, which a fresh worker's heap, its master's, seldom
-        # holds. A major that frees less leaves a pool under its minimum, and
-        # Ruby grows the heap after it anyway, having paused for the whole
-        # live heap: on the "tiny" shape (3.4, Unicorn) each worker's first
-        # `:nofree` major, at about its 207th request, took 478 ms of GC over
-        # 1M live objects, in both workers at once, and the p99 went to 2.35x
-        # Ruby alone's, which marks that major incrementally inside requests.
-        # A bar of one request's objects promoted (1,200) let it run still.
-        def may_free_minimum?(reading)
-          return true unless @old_at_major
-
-          free = free_slots(own(reading))
-          lack = reading.fetch(:heaps).each_with_index.sum do |h, i|
-            [(slots_for_free_minimum(h, i) * @min_free_ratio) - free.fetch(i), 0].max
-          end
-          reading.fetch(:stat).fetch(:old_objects) - @old_at_major >= lack
         end
 
         # With full marks off Ruby asks for its majors itself
