@@ -499,6 +499,26 @@ class OobGCPolicyTest < Minitest::Test
     assert_nil policy.decide(reading, req)
   end
 
+  # Recorded on Ruby 3.4, "promoting" shape on Unicorn: a worker whose
+  # one major came amid its first requests' promotions kept 200,000 old
+  # objects more than one whose major came after them, and collected every
+  # 22 requests where the other did every 34. The first GC due once the
+  # profile has settled is a major; the ones after it are minors again.
+  def test_no_full_mark_makes_the_first_gc_due_after_the_profile_settled_a_major
+    policy = Policy::NoFullMark.new
+    young = profile([15_000, 600], requests: 20)
+    at = ->(live, **o) { pooled([[1_000_000, live], [100_000, 50_000]], total_allocated_objects: 9_000_000, **o) }
+    short = at.(990_000)
+    policy.observe(short)
+    assert_equal :minor, policy.decide(short, young), "not settled yet: a minor"
+    settled = profile([15_000, 600], requests: 40)
+    assert_nil policy.decide(at.(500_000), settled), "nothing due: nothing run"
+    assert_equal :major, policy.decide(short, settled)
+    policy.collecting(short, :major)
+    policy.collected(:major, at.(700_000, count: 11))
+    assert_equal :minor, policy.decide(short, settled)
+  end
+
   def test_no_full_mark_runs_the_major_as_soon_as_ruby_wants_one
     policy = Policy::NoFullMark.new
     req = profile([1_000, 1_000])
